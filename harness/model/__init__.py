@@ -1,0 +1,40 @@
+"""LLaDA2-MoE: the model, checkpoint loading and proxy checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from harness.model.checkpoint import from_pretrained, load_tokenizer
+from harness.model.config import LLaDA2Config
+from harness.model.llada2 import KVCache, LLaDA2Model
+from harness.model.proxy import ensure_proxy, proxy_config
+
+__all__ = ["KVCache", "LLaDA2Config", "LLaDA2Model", "LoadedModel", "load_model", "nominal_geometry"]
+
+
+@dataclass
+class LoadedModel:
+    model: LLaDA2Model
+    tokenizer: object
+    weights: str  # "real" | "proxy"
+    path: Path
+    nominal: LLaDA2Config  # the geometry the budget and the cost model charge
+
+
+def nominal_geometry(model_cfg: DictConfig) -> LLaDA2Config:
+    if model_cfg.nominal == "proxy":
+        return proxy_config(model_cfg.name)
+    return LLaDA2Config.published(model_cfg.nominal)
+
+
+def load_model(model_cfg: DictConfig, cache_dir: str | Path) -> LoadedModel:
+    """Real weights from model.path, or the cached proxy of the same model name."""
+    if model_cfg.path is not None:
+        path, weights = Path(model_cfg.path), "real"
+    else:
+        path, weights = ensure_proxy(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed), "proxy"
+    model = from_pretrained(path, model_cfg.dtype)
+    return LoadedModel(model, load_tokenizer(path), weights, path, nominal_geometry(model_cfg))

@@ -1,0 +1,145 @@
+"""LLaDA2-MoE configuration: the fields of an HF `config.json` the harness uses, plus the
+parameter and byte counts the budget and the cost model are built on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEFAULT_MASK_ID = 156895
+DEFAULT_EOS_ID = 156892
+
+
+@dataclass(frozen=True)
+class LLaDA2Config:
+    vocab_size: int = 157184
+    hidden_size: int = 2048
+    intermediate_size: int = 5120
+    moe_intermediate_size: int = 512
+    num_hidden_layers: int = 20
+    first_k_dense_replace: int = 1
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 4
+    head_dim: int = 128
+    num_experts: int = 256
+    num_experts_per_tok: int = 8
+    num_shared_experts: int = 1
+    n_group: int = 8
+    topk_group: int = 4
+    routed_scaling_factor: float = 2.5
+    partial_rotary_factor: float = 0.5
+    rope_theta: float = 600000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    # Not in the published config.json (the ids live in the tokenizer there); proxy
+    # checkpoints write them explicitly.
+    mask_token_id: int = DEFAULT_MASK_ID
+    eos_token_id: int = DEFAULT_EOS_ID
+    model_type: str = "llada2_moe"
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict) -> LLaDA2Config:
+        if raw.get("model_type") != "llada2_moe":
+            raise HarnessError(
+                f"config.json has model_type={raw.get('model_type')!r}; the harness loads "
+                "only 'llada2_moe' checkpoints (LLaDA2.0-mini / -flash)"
+            )
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in raw.items() if k in known}
+        if "eos_token_id" not in raw and "pad_token_id" in raw:
+            kwargs["eos_token_id"] = raw["pad_token_id"]
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> LLaDA2Config:
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise HarnessError(f"missing {path}; a checkpoint directory needs config.json") from None
+        except json.JSONDecodeError as exc:
+            raise HarnessError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_dict(raw)
+
+    @classmethod
+    def published(cls, name: str) -> LLaDA2Config:
+        """The nominal geometry of a published model: 'llada2_mini' or 'llada2_flash'."""
+        path = CONFIG_DIR / f"{name}.json"
+        if not path.exists():
+            known = sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+            raise HarnessError(f"unknown published config {name!r}; known: {', '.join(known)}")
+        return cls.from_json(path)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.num_experts % self.n_group:
+            raise HarnessError(f"num_experts={self.num_experts} is not divisible by n_group={self.n_group}")
+        if self.topk_group > self.n_group:
+            raise HarnessError(f"topk_group={self.topk_group} exceeds n_group={self.n_group}")
+        if self.num_experts_per_tok > self.topk_group * self.num_experts // self.n_group:
+            raise HarnessError("num_experts_per_tok exceeds the experts in the kept groups")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise HarnessError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise HarnessError(f"rotary dim {self.rotary_dim} must be even and <= head_dim")
+
+    # ---- geometry -----------------------------------------------------------------
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.num_hidden_layers - self.first_k_dense_replace
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert: gate, up and down projections."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def attention_params(self) -> int:
+        qkv = (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim * self.hidden_size
+        dense = self.num_attention_heads * self.head_dim * self.hidden_size
+        return qkv + dense + 2 * self.head_dim  # + the two per-head QK norms
+
+    @property
+    def non_expert_params(self) -> int:
+        """Everything but the routed experts: embeddings, attention, norms, the dense
+        layers, routers, expert biases and shared experts."""
+        h = self.hidden_size
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + h
+        per_layer = self.attention_params + 2 * h
+        dense_mlp = 3 * h * self.intermediate_size
+        router = self.num_experts * h + self.num_experts
+        shared = self.num_shared_experts * self.expert_params
+        return (
+            embed
+            + self.num_hidden_layers * per_layer
+            + self.first_k_dense_replace * dense_mlp
+            + self.n_moe_layers * (router + shared)
+        )
+
+    @property
+    def total_params(self) -> int:
+        return self.non_expert_params + self.n_moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        return self.non_expert_params + self.n_moe_layers * self.num_experts_per_tok * self.expert_params
+
+    def expert_bytes(self, bytes_per_param: int = 2) -> int:
+        return self.expert_params * bytes_per_param
+
+    def non_expert_bytes(self, bytes_per_param: int = 2) -> int:
+        return self.non_expert_params * bytes_per_param

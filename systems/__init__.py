@@ -1,0 +1,1 @@
+"""Expert-placement policies, one file each. `registry.SYSTEMS` maps names to classes."""

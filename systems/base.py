@@ -1,0 +1,84 @@
+"""The interface every expert-placement policy implements.
+
+A system sees only loads (tokens routed to each expert of one MoE layer at one forward)
+and answers with a `LayerPlan`. It never touches weights: the engine owns residency,
+checks every plan and executes it, so every system runs unchanged live and in replay.
+
+Layer indices are MoE-layer indices: 0 .. n_moe_layers-1 (the dense first layer is not
+counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from harness.decoding import ForwardKind, StepInfo  # noqa: F401 - re-exported for systems
+
+if TYPE_CHECKING:
+    from harness.cost import CostModel
+    from harness.model.config import LLaDA2Config
+    from harness.trace import RoutingTrace
+
+@dataclass
+class LayerPlan:
+    """Where each routed expert of one layer is computed, and which weights move.
+
+    gpu / cpu: bool [E]; every routed expert (load > 0) is set in exactly one of them.
+    fetch_sync: copied host->GPU before the layer computes (blocking); these become
+    resident unless also listed in `scratch`.
+    fetch_async: copied in the background (prefetch / async migration); they become
+    resident for later use, the current layer does not wait for them.
+    scratch: subset of fetch_sync copied to a one-use buffer and never cached (Fiddler).
+    evict: resident experts dropped before this plan's fetches land.
+    """
+
+    gpu: torch.Tensor
+    cpu: torch.Tensor
+    fetch_sync: list[int] = field(default_factory=list)
+    fetch_async: list[int] = field(default_factory=list)
+    scratch: list[int] = field(default_factory=list)
+    evict: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PrepareContext:
+    """What a system may use for its offline work in `prepare()`."""
+
+    geometry: LLaDA2Config  # nominal geometry (what the cost model charges)
+    experts_per_layer: int  # B
+    cost: CostModel
+    calibration: RoutingTrace | None  # gpu_only routing of the calibration prompts
+
+
+class System:
+    """Base class. Subclasses set `name`, `overlap`, and implement `plan`."""
+
+    name: str = "base"
+    overlap: bool = False  # CPU experts run concurrently with GPU experts
+    wants_hint: bool = False  # ask the engine for next-layer predicted loads
+    needs_calibration: bool = False
+
+    def __init__(self, **options: object) -> None:
+        self.options = options
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        self.ctx = ctx
+
+    def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
+        """What the GPU holds before the first forward (called after `prepare`).
+        Default: experts 0..B-1 of every layer."""
+        return [set(range(min(capacity, n_experts))) for _ in range(n_layers)]
+
+    def on_step(self, step: StepInfo) -> None:
+        pass
+
+    def plan(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None,
+             resident: frozenset[int]) -> LayerPlan:
+        raise NotImplementedError
+
+    def report(self) -> dict[str, object]:
+        """System-specific figures for result.json (tau*, d, Lat(tau) curve, ...)."""
+        return {}

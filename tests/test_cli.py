@@ -1,0 +1,74 @@
+"""`python -m harness` in a subprocess: a tiny run, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def run_cli(*args: str, cache: Path, tmp: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HARNESS_CACHE": str(cache)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    cmd = [sys.executable, "-m", "harness", *args, f"hydra.run.dir={tmp / 'run'}"]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_tiny_run_prints_summary_and_writes_result(proxy_cache, tmp_path, tiny_dir):
+    proc = run_cli("model=tiny", "decode.gen_length=8", "limit_prompts=2", cache=proxy_cache, tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 prompts" in proc.stdout and "denoising steps" in proc.stdout and "tokens/s" in proc.stdout
+    assert "first prompt's output" in proc.stdout
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["weights"] == "proxy" and result["metrics"]["prompts"] == 2
+    assert all(len(o["tokens"]) == 8 for o in result["outputs"])
+
+
+BAD_INPUTS = [
+    (["model=nope"], "model=nope is not an option"),
+    (["decode.gen_length=0"], "decode.gen_length"),
+    (["decode.block_length=-4"], "decode.block_length"),
+    (["decode.steps=64"], "decode.steps=64 cannot serve"),
+    (["decode.threshold=0"], "decode.threshold"),
+    (["decode.threshold=1.5"], "decode.threshold"),
+    (["decode.gen_length=many"], "decode.gen_length"),
+    (["decode.cache=maybe"], "decode.cache"),
+    (["model.path=/nonexistent/llada2"], "model.path"),
+    (["workload=jsonl"], "workload.path"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), BAD_INPUTS, ids=[a[0] for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2(args, needle, proxy_cache, tmp_path, tiny_dir):
+    proc = run_cli("model=tiny", *args, cache=proxy_cache, tmp=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("content", ["", "not json\n", '{"text": "no prompt key"}\n'])
+def test_bad_prompts_file(content, proxy_cache, tmp_path, tiny_dir):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    proc = run_cli("model=tiny", "workload=jsonl", f"workload.path={path}", cache=proxy_cache, tmp=tmp_path)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(path) in lines[0]
+
+
+def test_jsonl_workload_runs(proxy_cache, tmp_path, tiny_dir):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "Add two numbers."}\n\n{"prompt": "Reverse a string."}\n')
+    proc = run_cli("model=tiny", "workload=jsonl", f"workload.path={path}", "decode.gen_length=4",
+                   cache=proxy_cache, tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 prompts" in proc.stdout
