@@ -36,3 +36,11 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def fingerprint(obj: Any, length: int = 16) -> str:
+    """Stable short hash of a JSON-able object (cache keys, config hashes)."""
+    import hashlib
+
+    text = json.dumps(obj, sort_keys=True, default=_jsonable)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]

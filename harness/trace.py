@@ -2,19 +2,39 @@
 
 A trace is what `System.prepare` learns from (calibration) and what replay runs over.
 
-In memory: `steps` (one StepInfo per model forward) and `loads`, an int32 tensor
-[n_steps, n_moe_layers, n_experts] of tokens routed to each expert; optional `hints`
-(same shape, float32: the next layer's gate applied to this layer's hidden state,
-summed as predicted loads; row l predicts layer l+1).
+In memory: `steps` (one StepInfo per model forward, with the tokens it ran and the
+context they attended to) and `loads`, an int32 tensor [n_steps, n_moe_layers,
+n_experts] of tokens routed to each expert; optional `hints` (float32, same shape: the
+next MoE layer's gate applied to this layer's hidden state, summed over tokens as
+predicted loads; row l predicts layer l+1; zeros where none was recorded).
+
+On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
+  schema_version  int        TRACE_SCHEMA (a mismatch is refused with one line)
+  geometry        json str   the nominal LLaDA2Config of the run (n layers, experts, ...)
+  meta            json str   free-form provenance (model, weights, decode settings)
+  loads           int32      [S, L, E]
+  hints           float32    [S, L, E] (only if recorded)
+  step_prompt, step_block, step_step, step_global, step_first_block, step_kind,
+  step_tokens, step_context  int32 [S]  (step_kind: 0 prefill, 1 denoise, 2 commit)
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
-from systems.base import StepInfo
+from harness.decoding import StepInfo
+from harness.errors import HarnessError
+
+TRACE_SCHEMA = 1
+KINDS = ("prefill", "denoise", "commit")
 
 
 @dataclass
@@ -22,11 +42,17 @@ class RoutingTrace:
     n_layers: int
     n_experts: int
     steps: list[StepInfo] = field(default_factory=list)
+    n_tokens: list[int] = field(default_factory=list)
+    n_context: list[int] = field(default_factory=list)
+    geometry: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
     _loads: list[torch.Tensor] = field(default_factory=list, repr=False)
     _hints: list[torch.Tensor | None] = field(default_factory=list, repr=False)
 
-    def add_step(self, step: StepInfo) -> None:
+    def add_step(self, step: StepInfo, n_tokens: int = 0, n_context: int = 0) -> None:
         self.steps.append(step)
+        self.n_tokens.append(n_tokens)
+        self.n_context.append(n_context)
         self._loads.append(torch.zeros(self.n_layers, self.n_experts, dtype=torch.int32))
         self._hints.append(None)
 
@@ -44,5 +70,85 @@ class RoutingTrace:
             return torch.zeros(0, self.n_layers, self.n_experts, dtype=torch.int32)
         return torch.stack(self._loads)
 
+    @property
+    def has_hints(self) -> bool:
+        return any(h is not None for h in self._hints)
+
+    def hint(self, step: int, layer: int) -> torch.Tensor | None:
+        h = self._hints[step]
+        return None if h is None else h[layer]
+
     def __len__(self) -> int:
         return len(self.steps)
+
+    # ---- files -------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {
+            "schema_version": np.array(TRACE_SCHEMA),
+            "geometry": np.array(json.dumps(self.geometry)),
+            "meta": np.array(json.dumps(self.meta, default=str)),
+            "shape": np.array([self.n_layers, self.n_experts]),
+            "loads": self.loads.numpy(),
+            "step_prompt": np.array([s.prompt for s in self.steps], dtype=np.int32),
+            "step_block": np.array([s.block for s in self.steps], dtype=np.int32),
+            "step_step": np.array([s.step for s in self.steps], dtype=np.int32),
+            "step_global": np.array([s.global_step for s in self.steps], dtype=np.int32),
+            "step_first_block": np.array([s.is_first_block for s in self.steps], dtype=np.int32),
+            "step_kind": np.array([KINDS.index(s.kind) for s in self.steps], dtype=np.int32),
+            "step_tokens": np.array(self.n_tokens, dtype=np.int32),
+            "step_context": np.array(self.n_context, dtype=np.int32),
+        }
+        if self.has_hints:
+            zeros = torch.zeros(self.n_layers, self.n_experts)
+            arrays["hints"] = torch.stack([h if h is not None else zeros for h in self._hints]).numpy()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez_compressed(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> RoutingTrace:
+        path = Path(path)
+        if not path.is_file():
+            raise HarnessError(f"trace {path} does not exist; record one with a live run (trace.record=true)")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError) as exc:
+            kind = type(exc).__name__
+            raise HarnessError(f"trace {path} is corrupt or not a trace ({kind}); record it again") from None
+        version = int(data.get("schema_version", -1))
+        if version != TRACE_SCHEMA:
+            raise HarnessError(f"trace {path} has schema version {version}, this harness reads {TRACE_SCHEMA}; "
+                               "record it again with this version")
+        try:
+            n_layers, n_experts = (int(v) for v in data["shape"])
+            loads = torch.from_numpy(data["loads"].astype(np.int32))
+            n = loads.shape[0]
+            columns = [data[k] for k in ("step_prompt", "step_block", "step_step", "step_global",
+                                         "step_first_block", "step_kind", "step_tokens", "step_context")]
+            if loads.shape[1:] != (n_layers, n_experts) or any(len(c) != n for c in columns):
+                raise ValueError("inconsistent shapes")
+            trace = cls(n_layers, n_experts, geometry=json.loads(str(data["geometry"])),
+                        meta=json.loads(str(data["meta"])))
+        except (KeyError, ValueError) as exc:
+            raise HarnessError(f"trace {path} is corrupt ({exc}); record it again") from None
+        hints = torch.from_numpy(data["hints"]) if "hints" in data else None
+        prompt, block, step, glob, first, kind, tokens, context = columns
+        for i in range(n):
+            info = StepInfo(int(prompt[i]), int(block[i]), int(step[i]), int(glob[i]), bool(first[i]),
+                            KINDS[int(kind[i])])
+            trace.add_step(info, int(tokens[i]), int(context[i]))
+            trace._loads[-1] = loads[i].clone()
+            if hints is not None:
+                trace._hints[-1] = hints[i].clone()
+        return trace

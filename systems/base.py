@@ -33,6 +33,9 @@ class LayerPlan:
     resident for later use, the current layer does not wait for them.
     scratch: subset of fetch_sync copied to a one-use buffer and never cached (Fiddler).
     evict: resident experts dropped before this plan's fetches land.
+    prefetch / prefetch_evict: copied asynchronously into (dropped from) the NEXT layer's
+    cache. They are issued when this layer plans (the hint about layer+1 exists then) and
+    share the PCIe link; layer+1's GPU experts wait only for the ones they use.
     """
 
     gpu: torch.Tensor
@@ -41,6 +44,8 @@ class LayerPlan:
     fetch_async: list[int] = field(default_factory=list)
     scratch: list[int] = field(default_factory=list)
     evict: list[int] = field(default_factory=list)
+    prefetch: list[int] = field(default_factory=list)
+    prefetch_evict: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -60,6 +65,8 @@ class System:
     overlap: bool = False  # CPU experts run concurrently with GPU experts
     wants_hint: bool = False  # ask the engine for next-layer predicted loads
     needs_calibration: bool = False
+    ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B
+    free_movement: bool = False  # oracle: the engine does not charge residency moves
 
     def __init__(self, **options: object) -> None:
         self.options = options

@@ -1,10 +1,11 @@
 """Routed-expert computation in one canonical order, and the engine interface the MoE
 layer hands it to.
 
-Canonical order: experts by ascending id; within an expert, tokens in ascending order;
-each expert's weighted output is added into the result in that order. Whatever device a
-placement policy picks for an expert, combining in this order makes the layer output on
-one device bit-identical to running every expert in place (the lossless guarantee).
+Canonical order: every (token, expert) output is computed into its own row, then each
+token's outputs are summed in ascending expert id, left to right. The sum never depends
+on where or in which order the experts were computed, so whatever device a placement
+policy picks for an expert, the layer output on one device is bit-identical to running
+every expert in place (the lossless guarantee).
 """
 
 from __future__ import annotations
@@ -31,37 +32,59 @@ def expert_load(topk_idx: torch.Tensor, n_experts: int) -> torch.Tensor:
     return torch.bincount(topk_idx.reshape(-1), minlength=n_experts)
 
 
-def compute_routed_experts(
+def sort_by_expert(topk_idx: torch.Tensor, topk_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's k choices in ascending expert id: the canonical combine order."""
+    idx, perm = topk_idx.sort(dim=-1, stable=True)
+    return idx, topk_w.gather(-1, perm)
+
+
+def weighted_expert_outputs(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
     topk_w: torch.Tensor,
     experts: Sequence[ExpertWeights],
     only: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
+    buffer: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum_k w[t,k] * expert_{idx[t,k]}(x[t]) for every token t, in canonical order.
+    """w[t,k] * expert_{idx[t,k]}(x[t]) into buffer[t*K + k] (rows of [T*K, H]).
 
-    x [T, H]; topk_idx [T, K] int64; topk_w [T, K] in x's dtype. `only`: bool [E] to
-    compute a subset of the experts (adding into `out`); the loop is over active
-    experts, never over tokens.
+    The loop is over active experts, never over tokens. `only`: bool [E] to compute a
+    subset (e.g. the experts placed on one device) into a shared buffer.
     """
-    if out is None:
-        out = torch.zeros_like(x)
+    k = topk_idx.shape[1]
+    if buffer is None:
+        buffer = x.new_zeros(topk_idx.numel(), x.shape[1])
     flat_idx = topk_idx.reshape(-1)
-    order = torch.argsort(flat_idx, stable=True)  # by expert id, then token, then slot
+    order = torch.argsort(flat_idx, stable=True)  # rows grouped by expert, tokens ascending
     sorted_experts = flat_idx[order]
-    tokens = order // topk_idx.shape[1]
     weights = topk_w.reshape(-1)[order]
     ids, counts = torch.unique_consecutive(sorted_experts, return_counts=True)
     start = 0
     for e, n in zip(ids.tolist(), counts.tolist(), strict=True):
         end = start + n
         if only is None or bool(only[e]):
-            tok = tokens[start:end]
-            y = swiglu(x[tok], experts[e]) * weights[start:end, None]
-            out.index_add_(0, tok, y)
+            rows = order[start:end]
+            buffer[rows] = swiglu(x[rows // k], experts[e]) * weights[start:end, None]
         start = end
+    return buffer
+
+
+def combine(buffer: torch.Tensor, n_tokens: int, k: int) -> torch.Tensor:
+    """Sum each token's k weighted outputs left to right: a fixed order on any device."""
+    rows = buffer.view(n_tokens, k, -1)
+    out = rows[:, 0].clone()
+    for j in range(1, k):
+        out += rows[:, j]
     return out
+
+
+def compute_routed_experts(
+    x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, experts: Sequence[ExpertWeights]
+) -> torch.Tensor:
+    """sum_k w[t,k] * expert_{idx[t,k]}(x[t]) for every token t, in canonical order
+    (each token's experts by ascending id). x [T, H]; topk_idx [T, K]; topk_w [T, K]."""
+    idx, w = sort_by_expert(topk_idx, topk_w)
+    return combine(weighted_expert_outputs(x, idx, w, experts), x.shape[0], idx.shape[1])
 
 
 HintFn = Callable[[], torch.Tensor]

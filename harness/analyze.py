@@ -1,0 +1,133 @@
+"""Temporal stability of expert routing, the observation TIDE rests on.
+
+Within each block, for every MoE layer, compare the expert-load vector of a denoising
+step with the one k steps later (k = 1..max_k): their cosine similarity, and the fraction
+of the top-B experts (by load) that are still in the top-B set. High values mean a
+placement chosen at one step stays good for the next few.
+
+    python -m harness.analyze trace=outputs/runs/.../trace.npz [B=64] [max_k=8] [out=DIR]
+
+prints the table (mean over prompts, blocks and layers for each k) and writes
+stability.csv, stability.md and stability.png next to the trace (or into out=DIR).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from harness.errors import HarnessError
+from harness.trace import RoutingTrace
+
+
+def denoise_runs(trace: RoutingTrace) -> list[list[int]]:
+    """Step indices of each (prompt, block), denoising steps only, in step order."""
+    runs: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, s in enumerate(trace.steps):
+        if s.kind == "denoise":
+            runs[(s.prompt, s.block)].append(i)
+    return [sorted(idx, key=lambda i: trace.steps[i].step) for idx in runs.values()]
+
+
+def top_set(load: torch.Tensor, b: int) -> torch.Tensor:
+    """Bool [L, E]: the top-b experts by load in each layer (loaded experts only)."""
+    b = min(b, load.shape[-1])
+    idx = load.float().topk(b, dim=-1).indices
+    mask = torch.zeros_like(load, dtype=torch.bool).scatter_(-1, idx, True)
+    return mask & (load > 0)
+
+
+def stability_table(trace: RoutingTrace, experts_per_layer: int, max_k: int = 8) -> pd.DataFrame:
+    """One row per k: mean cosine similarity and top-B retention, with the pair count."""
+    loads = trace.loads.float()
+    sums: dict[int, list[float]] = {k: [0.0, 0.0, 0] for k in range(1, max_k + 1)}
+    for run in denoise_runs(trace):
+        for a_pos, a in enumerate(run):
+            top_a = top_set(loads[a], experts_per_layer)
+            for k in range(1, max_k + 1):
+                if a_pos + k >= len(run):
+                    break
+                b = run[a_pos + k]
+                cos = torch.nn.functional.cosine_similarity(loads[a], loads[b], dim=-1)  # [L]
+                top_b = top_set(loads[b], experts_per_layer)
+                kept = (top_a & top_b).sum(-1).float() / top_a.sum(-1).clamp(min=1).float()
+                sums[k][0] += float(cos.sum())
+                sums[k][1] += float(kept.sum())
+                sums[k][2] += loads.shape[1]
+    rows = [
+        {"k": k, "cosine": c / n if n else float("nan"), "topB_retained": r / n if n else float("nan"),
+         "pairs": n}
+        for k, (c, r, n) in sums.items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def plot_stability(table: pd.DataFrame, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.plot(table["k"], table["cosine"], marker="o", label="cosine similarity of loads")
+    ax.plot(table["k"], table["topB_retained"], marker="s", label="fraction of top-B kept")
+    ax.set_xlabel("steps apart within a block (k)")
+    ax.set_ylabel("similarity (0-1)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    args = {}
+    for arg in argv:
+        if "=" not in arg:
+            raise HarnessError(f"argument {arg!r} is not key=value; use trace=<path> [B=64] [max_k=8] [out=DIR]")
+        key, value = arg.split("=", 1)
+        if key not in {"trace", "B", "max_k", "out"}:
+            raise HarnessError(f"unknown argument {key!r}; allowed: trace, B, max_k, out")
+        args[key] = value
+    if "trace" not in args:
+        raise HarnessError("missing trace=<path to trace.npz>")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    trace = RoutingTrace.load(args["trace"])
+    try:
+        b, max_k = int(args.get("B", 64)), int(args.get("max_k", 8))
+    except ValueError:
+        raise HarnessError("B and max_k must be integers") from None
+    if b < 1 or max_k < 1:
+        raise HarnessError(f"B={b} and max_k={max_k} must be positive")
+    table = stability_table(trace, b, max_k)
+    out = Path(args.get("out", Path(args["trace"]).parent))
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "stability.csv", index=False)
+    (out / "stability.md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    meta = trace.meta
+    title = f"routing stability: {meta.get('model', '?')} ({meta.get('weights', '?')}), B={b}, " \
+            f"cache={meta.get('decode', {}).get('cache', '?')}"
+    plot_stability(table, out / "stability.png", title)
+    print(title)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {out / 'stability.csv'}, stability.md, stability.png")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,121 @@
+"""GPU memory budget -> B, the number of experts each MoE layer may keep on the GPU.
+
+DESIGN section 8, with GB = 1e9 bytes and bf16 weights:
+
+    B = floor((gpu_gb * GB - non_expert_bytes - reserve_gb * GB) / (n_moe_layers * expert_bytes))
+
+capped at num_experts and at max_experts_per_layer when set. The reserve covers
+activations, the KV cache and the runtime. The paper's settings pin B instead
+(`experts_per_layer`); a run logs both the B it used and the B the formula derives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from harness.errors import HarnessError
+from harness.model.config import LLaDA2Config
+
+GB = 1e9
+BYTES_PER_PARAM = 2
+
+
+@dataclass
+class BudgetConfig:
+    """Schema of `conf/budget/*.yaml`."""
+
+    name: str = "custom"
+    gpu_gb: float = 12.0
+    experts_per_layer: int | None = None  # pinned B (the paper's settings); None: derive
+    reserve_gb: float = 0.5
+    max_experts_per_layer: int | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str
+    gpu_gb: float
+    reserve_gb: float
+    experts_per_layer: int  # B the run uses
+    derived_experts_per_layer: int  # B from the formula (capped)
+    pinned: bool
+    fits_model: bool  # every expert of every layer fits: nothing needs offloading
+    over_budget: bool  # a pinned B whose experts need more than gpu_gb
+    non_expert_gb: float
+    expert_mb: float
+    used_gb: float  # non-expert + reserve + B experts in every MoE layer
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _as_budget_config(cfg: Any) -> BudgetConfig:
+    if isinstance(cfg, BudgetConfig):
+        return cfg
+    from omegaconf import OmegaConf  # only Hydra callers pass a DictConfig
+
+    raw = OmegaConf.to_object(cfg) if OmegaConf.is_config(cfg) else dict(cfg)
+    if isinstance(raw, BudgetConfig):
+        return raw
+    known = {f.name for f in fields(BudgetConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise HarnessError(f"unknown budget key(s) {unknown}; known: {sorted(known)}")
+    return BudgetConfig(**raw)
+
+
+def _check_values(cfg: BudgetConfig, n_experts: int) -> None:
+    if not cfg.gpu_gb > 0:
+        raise HarnessError(f"budget.gpu_gb must be > 0 (got {cfg.gpu_gb}); set e.g. budget.gpu_gb=12")
+    if cfg.reserve_gb < 0:
+        raise HarnessError(f"budget.reserve_gb must be >= 0 (got {cfg.reserve_gb}); the default is 0.5")
+    for key in ("experts_per_layer", "max_experts_per_layer"):
+        value = getattr(cfg, key)
+        if value is not None and value <= 0:
+            raise HarnessError(f"budget.{key} must be a positive integer or null (got {value})")
+    pinned = cfg.experts_per_layer
+    if pinned is not None and pinned > n_experts:
+        raise HarnessError(
+            f"budget.experts_per_layer={pinned} exceeds the model's {n_experts} experts per layer; "
+            f"set it to at most {n_experts} or to null to derive it from budget.gpu_gb"
+        )
+    cap = cfg.max_experts_per_layer
+    if pinned is not None and cap is not None and pinned > cap:
+        raise HarnessError(f"budget.experts_per_layer={pinned} exceeds budget.max_experts_per_layer={cap}")
+
+
+def resolve_budget(cfg: Any, geometry: LLaDA2Config) -> Budget:
+    """B for this model under this budget, with the figures a run logs."""
+    cfg = _as_budget_config(cfg)
+    _check_values(cfg, geometry.num_experts)
+    non_expert = geometry.non_expert_bytes(BYTES_PER_PARAM)
+    expert = geometry.expert_bytes(BYTES_PER_PARAM)
+    layers = geometry.n_moe_layers
+    free = cfg.gpu_gb * GB - non_expert - cfg.reserve_gb * GB
+    if free < 0:
+        need = (non_expert + cfg.reserve_gb * GB) / GB
+        raise HarnessError(
+            f"budget.gpu_gb={cfg.gpu_gb} is below the model's non-expert weights ({non_expert / GB:.2f} GB) "
+            f"+ budget.reserve_gb ({cfg.reserve_gb}); "
+            f"raise budget.gpu_gb to at least {math.ceil(need * 100) / 100}"
+        )
+    derived = min(int(free // (layers * expert)), geometry.num_experts)
+    if cfg.max_experts_per_layer is not None:
+        derived = min(derived, cfg.max_experts_per_layer)
+    used = cfg.experts_per_layer if cfg.experts_per_layer is not None else derived
+    used_bytes = non_expert + cfg.reserve_gb * GB + used * layers * expert
+    return Budget(
+        name=cfg.name,
+        gpu_gb=float(cfg.gpu_gb),
+        reserve_gb=float(cfg.reserve_gb),
+        experts_per_layer=int(used),
+        derived_experts_per_layer=int(derived),
+        pinned=cfg.experts_per_layer is not None,
+        fits_model=free >= layers * geometry.num_experts * expert,
+        over_budget=used_bytes > cfg.gpu_gb * GB,
+        non_expert_gb=non_expert / GB,
+        expert_mb=expert / 1e6,
+        used_gb=used_bytes / GB,
+    )

@@ -1,0 +1,375 @@
+"""Hardware profiles and the latency model that charges every plan (DESIGN section 8).
+
+Everything is charged for bf16 weights (2 bytes per parameter) and the *nominal* geometry
+of the model config, whatever weights actually ran: a proxy run of model=mini is charged
+as LLaDA2.0-mini.
+
+One routed expert with n tokens (P = 3 * hidden * moe_intermediate parameters):
+
+    bytes    = 2 P                     flops(n) = 2 P n   (three matmuls, multiply-add)
+    gpu(n)   = gpu_call_overhead + max(bytes / gpu_hbm_bw, flops(n) / gpu_bf16_flops)
+    cpu(n)   = the measured table of `hardware=local` interpolated linearly (extrapolated
+               with its last slope), else cpu_call_overhead + max(bytes / cpu_mem_bw,
+               flops(n) / cpu_flops); made nondecreasing in n (more tokens never cost less)
+    copy(k)  = k * (bytes / pcie_bw + pcie_latency)   (k experts host -> GPU, one copy each)
+    gpu(0) = cpu(0) = 0: an expert with no tokens is not called.
+
+Non-expert work (attention with its projections and QK norms, the router, the shared
+expert, the dense first layer(s), lm_head) runs on the GPU; each component is a roofline
+(weight bytes and, for attention, K/V bytes against HBM; flops against bf16 throughput)
+plus a launch overhead per kernel. Attention scores cost 4 * n_tokens * n_context *
+heads * head_dim flops (QK^T and PV).
+
+The layer combine rule is a timeline of one forward (`ForwardTimeline`):
+
+    clock += the dense layers; then per MoE layer: clock += its non-expert slice, t0 = clock
+    sync copies queue on the PCIe link behind any async copies still in flight (one link,
+    FIFO); the GPU experts start once the sync copies and any prefetched expert they use
+    have landed: ready = max(t0, sync_done, landing of used prefetches)
+    overlap (CPU runs concurrently):  end = max(ready + gpu, t0 + cpu)
+    no overlap:                       end = ready + gpu + cpu
+    async copies queue on the link after the sync copies; they cost time only when
+    something waits for them: a later layer's GPU experts or sync copies, or the end of
+    the forward (clock += lm_head; clock = max(clock, link_free)).
+
+For one layer with an idle link this is DESIGN 8's `combine(gpu + sync copies, cpu)` (max
+when overlapping, sum otherwise), and async copies add only max(0, sync + async - that).
+The modeled time splits exactly into non-expert + exposed copy waits + GPU experts +
+exposed CPU time (the part of the CPU work that runs past the GPU path).
+
+Profiles: `conf/hardware/*.yaml` (schema `HardwareConfig`); `load_hardware` returns the
+one a run is charged with, for `hardware=local` the figures harness/profiling.py measured
+on this machine (measuring on first use).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.errors import HarnessError
+from harness.model.config import LLaDA2Config
+
+BYTES_PER_PARAM = 2  # bf16 weights everywhere in the model
+# Kernel launches charged per component (eager PyTorch): qkv, QK-norm+rope, attention,
+# output projection; two RMSNorms; gate matmul + top-k; SwiGLU as one call; lm_head.
+ATTENTION_CALLS = 4
+NORM_CALLS = 2
+ROUTER_CALLS = 2
+MLP_CALLS = 1
+HEAD_CALLS = 1
+
+
+@dataclass
+class HardwareConfig:
+    """A hardware profile (the schema of `conf/hardware/*.yaml`). Bandwidths in GB/s
+    (1e9 bytes), throughputs in TFLOPS (1e12), overheads and latencies in microseconds."""
+
+    name: str = "a100_pcie4"
+    gpu_hbm_gbps: float = 1935.0
+    gpu_bf16_tflops: float = 312.0
+    gpu_call_overhead_us: float = 10.0
+    pcie_gbps: float = 25.0
+    pcie_latency_us: float = 10.0
+    cpu_mem_gbps: float = 200.0
+    cpu_tflops: float = 1.5
+    cpu_call_overhead_us: float = 20.0
+    # hardware=local: where the measured profile lives, and whether to measure this
+    # machine when it is missing. Empty path: a static profile, nothing to load.
+    profile_path: str | None = None
+    profile_if_missing: bool = False
+    # Measured CPU latency of one expert (tokens -> seconds) for the expert shape
+    # "<hidden>x<moe_intermediate>"; empty: use the CPU roofline.
+    cpu_table_shape: str = ""
+    cpu_table_tokens: list[int] = field(default_factory=list)
+    cpu_table_seconds: list[float] = field(default_factory=list)
+    measured: str = ""  # what was measured on this machine (for the run record)
+
+    def validate(self) -> None:
+        for key in ("gpu_hbm_gbps", "gpu_bf16_tflops", "pcie_gbps", "cpu_mem_gbps", "cpu_tflops"):
+            if not float(getattr(self, key)) > 0:
+                raise HarnessError(
+                    f"hardware.{key} must be > 0 (got {getattr(self, key)}); fix conf/hardware"
+                )
+        for key in ("gpu_call_overhead_us", "pcie_latency_us", "cpu_call_overhead_us"):
+            if float(getattr(self, key)) < 0:
+                raise HarnessError(
+                    f"hardware.{key} must be >= 0 (got {getattr(self, key)}); fix conf/hardware"
+                )
+        if len(self.cpu_table_tokens) != len(self.cpu_table_seconds):
+            raise HarnessError("hardware.cpu_table_tokens and hardware.cpu_table_seconds differ in length")
+        if self.cpu_table_tokens and (
+            sorted(set(self.cpu_table_tokens)) != list(self.cpu_table_tokens) or self.cpu_table_tokens[0] < 1
+        ):
+            raise HarnessError("hardware.cpu_table_tokens must be strictly increasing token counts >= 1")
+
+
+def expert_shape(geometry: LLaDA2Config) -> str:
+    return f"{geometry.hidden_size}x{geometry.moe_intermediate_size}"
+
+
+@dataclass(frozen=True)
+class NonExpertTime:
+    """Non-expert GPU time of one forward, split where the timeline needs it."""
+
+    before_moe: float  # embeddings and the dense first layer(s)
+    per_moe_layer: float  # attention, norms, router, shared expert of one MoE layer
+    head: float  # final norm and lm_head
+    n_moe_layers: int
+
+    @property
+    def total(self) -> float:
+        return self.before_moe + self.n_moe_layers * self.per_moe_layer + self.head
+
+
+class CostModel:
+    """Seconds for experts, copies and non-expert work under one hardware profile."""
+
+    def __init__(self, geometry: LLaDA2Config, hw: HardwareConfig) -> None:
+        hw.validate()
+        self.geometry = geometry
+        self.hw = hw
+        self.expert_bytes = float(geometry.expert_bytes(BYTES_PER_PARAM))
+        self.flops_per_token = 2.0 * geometry.expert_params
+        self._gpu_bw = hw.gpu_hbm_gbps * 1e9
+        self._gpu_flops = hw.gpu_bf16_tflops * 1e12
+        self._gpu_ov = hw.gpu_call_overhead_us * 1e-6
+        self._table = self._cpu_table(hw, geometry)
+        self._copy_one = self.expert_bytes / (hw.pcie_gbps * 1e9) + hw.pcie_latency_us * 1e-6
+
+    @staticmethod
+    def _cpu_table(hw: HardwareConfig, geometry: LLaDA2Config) -> tuple[list[int], list[float]] | None:
+        if not hw.cpu_table_tokens:
+            return None
+        if hw.cpu_table_shape != expert_shape(geometry):
+            raise HarnessError(
+                f"hardware.cpu_table_shape={hw.cpu_table_shape!r} was measured for another expert shape "
+                f"than this model's {expert_shape(geometry)}; re-profile with hardware=local"
+            )
+        seconds, running = [], 0.0
+        for s in hw.cpu_table_seconds:  # timing noise must not make more tokens cheaper
+            running = max(running, float(s))
+            seconds.append(running)
+        return list(hw.cpu_table_tokens), seconds
+
+    # ---- experts and copies ----------------------------------------------------------
+    def _roofline(self, n: float, bw: float, flops: float, overhead: float) -> float:
+        return overhead + max(self.expert_bytes / bw, self.flops_per_token * n / flops)
+
+    def gpu_expert_time(self, n_tokens: int) -> float:
+        if n_tokens <= 0:
+            return 0.0
+        return self._roofline(n_tokens, self._gpu_bw, self._gpu_flops, self._gpu_ov)
+
+    def cpu_expert_time(self, n_tokens: int) -> float:
+        if n_tokens <= 0:
+            return 0.0
+        if self._table is None:
+            hw = self.hw
+            return self._roofline(
+                n_tokens, hw.cpu_mem_gbps * 1e9, hw.cpu_tflops * 1e12, hw.cpu_call_overhead_us * 1e-6
+            )
+        tokens, seconds = self._table
+        if len(tokens) == 1 or n_tokens <= tokens[0]:
+            return seconds[0] if n_tokens <= tokens[0] else seconds[0] * n_tokens / tokens[0]
+        i = min(bisect.bisect_left(tokens, n_tokens), len(tokens) - 1)  # segment [i-1, i]
+        slope = (seconds[i] - seconds[i - 1]) / (tokens[i] - tokens[i - 1])
+        return seconds[i - 1] + slope * (n_tokens - tokens[i - 1])
+
+    def gpu_expert_times(self, loads: torch.Tensor) -> torch.Tensor:
+        """gpu_expert_time of every entry (float64 tensor), vectorised for the planners."""
+        n = loads.to(torch.float64)
+        t = torch.clamp(self.flops_per_token * n / self._gpu_flops, min=self.expert_bytes / self._gpu_bw)
+        return torch.where(n > 0, t + self._gpu_ov, 0.0)
+
+    def cpu_expert_times(self, loads: torch.Tensor) -> torch.Tensor:
+        n = loads.to(torch.float64)
+        if self._table is None:
+            hw = self.hw
+            t = (
+                torch.clamp(
+                    self.flops_per_token * n / (hw.cpu_tflops * 1e12),
+                    min=self.expert_bytes / (hw.cpu_mem_gbps * 1e9),
+                )
+                + hw.cpu_call_overhead_us * 1e-6
+            )
+            return torch.where(n > 0, t, 0.0)
+        return torch.tensor([self.cpu_expert_time(int(v)) for v in loads.tolist()], dtype=torch.float64)
+
+    def copy_time(self, n_experts: int = 1) -> float:
+        return max(n_experts, 0) * self._copy_one
+
+    # ---- non-expert work -------------------------------------------------------------
+    def _gpu_roofline(self, weight_bytes: float, flops: float, calls: int) -> float:
+        return calls * self._gpu_ov + max(weight_bytes / self._gpu_bw, flops / self._gpu_flops)
+
+    def non_expert_breakdown(self, n_tokens: int, n_context: int) -> NonExpertTime:
+        g = self.geometry
+        n, ctx = max(n_tokens, 0), max(n_context, n_tokens, 0)
+        attn_params = g.attention_params
+        kv_bytes = ctx * 2 * g.num_key_value_heads * g.head_dim * BYTES_PER_PARAM
+        score_flops = 4.0 * n * ctx * g.num_attention_heads * g.head_dim
+        attention = self._gpu_roofline(
+            attn_params * BYTES_PER_PARAM + kv_bytes,
+            2.0 * attn_params * n + score_flops,
+            ATTENTION_CALLS + NORM_CALLS,
+        )
+        router_params = g.num_experts * g.hidden_size
+        router = self._gpu_roofline(router_params * BYTES_PER_PARAM, 2.0 * router_params * n, ROUTER_CALLS)
+        shared_params = g.num_shared_experts * g.expert_params
+        shared = self._gpu_roofline(shared_params * BYTES_PER_PARAM, 2.0 * shared_params * n, MLP_CALLS)
+        dense_params = 3 * g.hidden_size * g.intermediate_size
+        dense = attention + self._gpu_roofline(
+            dense_params * BYTES_PER_PARAM, 2.0 * dense_params * n, MLP_CALLS
+        )
+        head_params = g.vocab_size * g.hidden_size
+        head = self._gpu_roofline(head_params * BYTES_PER_PARAM, 2.0 * head_params * n, HEAD_CALLS + 1)
+        return NonExpertTime(
+            before_moe=g.first_k_dense_replace * dense,
+            per_moe_layer=attention + router + shared,
+            head=head,
+            n_moe_layers=g.n_moe_layers,
+        )
+
+    def non_expert_time(self, n_tokens: int, n_context: int) -> float:
+        """GPU seconds of everything but the routed experts, for one forward."""
+        return self.non_expert_breakdown(n_tokens, n_context).total
+
+    # ---- the layer combine rule ------------------------------------------------------
+    def combine(
+        self, gpu_s: float, sync_copy_s: float, cpu_s: float, overlap: bool, async_copy_s: float = 0.0
+    ) -> float:
+        """One layer's expert time with an idle link (DESIGN 8)."""
+        base = max(sync_copy_s + gpu_s, cpu_s) if overlap else sync_copy_s + gpu_s + cpu_s
+        return max(base, sync_copy_s + async_copy_s)
+
+    def describe(self) -> dict[str, Any]:
+        hw = asdict(self.hw)
+        hw.update(
+            expert_mb=self.expert_bytes / 1e6,
+            copy_one_expert_s=self._copy_one,
+            gpu_expert_1tok_s=self.gpu_expert_time(1),
+            cpu_expert_1tok_s=self.cpu_expert_time(1),
+        )
+        return hw
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    copies_s: float  # time the GPU experts waited for the link (exposed copy time)
+    gpu_s: float
+    cpu_s: float  # CPU time not hidden behind the GPU path
+    total_s: float
+
+
+class ForwardTimeline:
+    """The clock of one forward: non-expert slices, per-layer expert phases, one FIFO
+    PCIe link shared by sync and async copies (see the module docstring)."""
+
+    def __init__(self, cost: CostModel, n_tokens: int, n_context: int) -> None:
+        self.cost = cost
+        self.parts = cost.non_expert_breakdown(n_tokens, n_context)
+        self.clock = self.parts.before_moe
+        self.link_free = 0.0
+        self.landing: dict[int, dict[int, float]] = {}  # layer -> expert -> when its async copy lands
+        self.drain_s = 0.0
+        self.layers_charged = 0
+        self.finished = False
+
+    def charge_layer(
+        self,
+        layer: int,
+        gpu_s: float,
+        cpu_s: float,
+        n_sync: int,
+        gpu_experts: Iterable[int],
+        async_targets: Sequence[tuple[int, int]],
+        overlap: bool,
+    ) -> LayerTiming:
+        self.clock += self.parts.per_moe_layer
+        self.layers_charged += 1
+        t0 = self.clock
+        copy_one = self.cost.copy_time(1)
+        ready = t0
+        if n_sync:
+            self.link_free = max(t0, self.link_free) + n_sync * copy_one
+            ready = self.link_free
+        in_flight = self.landing.pop(layer, None)
+        if in_flight:  # a prefetched expert must have landed before it computes
+            ready = max([ready] + [in_flight[e] for e in gpu_experts if e in in_flight])
+        start = max(t0, self.link_free)
+        for i, (target_layer, e) in enumerate(async_targets):
+            self.landing.setdefault(target_layer, {})[e] = start + (i + 1) * copy_one
+        if async_targets:
+            self.link_free = start + len(async_targets) * copy_one
+        gpu_end = ready + gpu_s
+        end = max(gpu_end, t0 + cpu_s) if overlap else gpu_end + cpu_s
+        self.clock = end
+        return LayerTiming(copies_s=ready - t0, gpu_s=gpu_s, cpu_s=end - gpu_end, total_s=end - t0)
+
+    def finish(self) -> float:
+        """Close the forward: lm_head, then wait for copies still on the link. Returns
+        the forward's modeled seconds."""
+        if not self.finished:
+            # MoE layers that planned nothing still ran their attention, router and shared expert
+            missing = max(0, self.parts.n_moe_layers - self.layers_charged)
+            self.clock += missing * self.parts.per_moe_layer + self.parts.head
+            self.drain_s = max(0.0, self.link_free - self.clock)
+            self.clock += self.drain_s
+            self.finished = True
+        return self.clock
+
+
+def _as_hardware_config(cfg_hw: Any) -> HardwareConfig:
+    if isinstance(cfg_hw, HardwareConfig):
+        return cfg_hw
+    from omegaconf import OmegaConf  # only Hydra callers pass a DictConfig
+
+    raw = OmegaConf.to_object(cfg_hw) if OmegaConf.is_config(cfg_hw) else dict(cfg_hw)
+    if isinstance(raw, HardwareConfig):
+        return raw
+    known = {f.name for f in fields(HardwareConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise HarnessError(f"unknown hardware key(s) {unknown}; known: {sorted(known)}")
+    return HardwareConfig(**raw)
+
+
+def load_hardware(cfg_hw: Any, geometry: LLaDA2Config) -> HardwareConfig:
+    """The profile a run is charged with: `cfg_hw` itself for a static profile; for one
+    with `profile_path` (hardware=local) the measured figures, profiling this machine
+    first when the file (or this expert shape in it) is missing and profile_if_missing."""
+    hw = _as_hardware_config(cfg_hw)
+    hw.validate()
+    if not hw.profile_path:
+        return hw
+    from harness import profiling  # measuring pulls in timing code only hardware=local needs
+
+    path = Path(hw.profile_path)
+    shape = expert_shape(geometry)
+    profile = profiling.read_profile(path)
+    if profile is None or shape not in profile["shapes"]:
+        if not hw.profile_if_missing:
+            raise HarnessError(
+                f"hardware profile {path} has no entry for expert shape {shape}; "
+                "set hardware.profile_if_missing=true to measure this machine"
+            )
+        profile = profiling.profile_local(geometry, path)
+    entry = profile["shapes"][shape]
+    updates: dict[str, Any] = {
+        "cpu_table_shape": shape,
+        "cpu_table_tokens": [int(t) for t in entry["cpu_table_tokens"]],
+        "cpu_table_seconds": [float(s) for s in entry["cpu_table_seconds"]],
+        "measured": "cpu",
+    }
+    if entry.get("gpu"):
+        updates.update({k: float(v) for k, v in entry["gpu"].items()})
+        updates["measured"] = "cpu,gpu,pcie"
+    merged = HardwareConfig(**{**asdict(hw), **updates})
+    merged.validate()
+    return merged

@@ -1,0 +1,164 @@
+"""TIDE's offline choice of the refresh interval tau* (DESIGN section 7).
+
+From the calibration trace (denoise forwards only, grouped by (prompt, block)):
+
+    d       = per-step probability that an expert of a layer's top-B set drops out of it:
+              sum |S_t \\ S_t+1| / sum |S_t| over consecutive steps of a block, all layers
+    f(tau)  = missed / routed token-expert pairs when TIDE's refresh rule (the same
+              `refresh_residency` the system runs) fires at block steps s % tau == 0 and
+              weights move before the step computes
+    C_IO    = cost.copy_time(1): seconds to move one expert
+    C_CU    = cost.cpu_expert_time(n) / n at the trace's mean tokens per routed expert n:
+              CPU seconds per missed token-expert pair
+    P       = mean routed token-expert pairs per (denoise step, MoE layer)
+
+    Lat_IO(tau)  = C_IO * B * (T / tau) * (1 - (1 - d)^tau)
+    Lat_CPU(tau) = C_CU * T * P * f(tau)
+    tau*         = argmin over tau in 1..T of Lat_IO + Lat_CPU (the smallest on ties)
+
+Both terms are seconds per block per MoE layer. DESIGN writes B where we use P in
+Lat_CPU: f is a fraction of routed pairs, so the missed pairs per step are f * P; with B
+the two terms would not be in the same unit. T = steps per block, the longest block in
+the trace unless given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.cost import CostModel
+    from harness.trace import RoutingTrace
+
+
+def top_b_mask(load: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The top-`capacity` experts by load among the routed ones (load > 0), ties to the
+    lower id; works on [E] or [..., E]."""
+    n_experts = load.shape[-1]
+    order = torch.sort(load, dim=-1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(n_experts).expand_as(order).contiguous())
+    return (ranks < capacity) & (load > 0)
+
+
+def refresh_residency(resident: torch.Tensor, load: torch.Tensor, capacity: int) -> torch.Tensor:
+    """TIDE's refresh: promote every target (top-B) expert that is not resident and
+    demote only as many non-target residents as needed, lowest load first (then lowest
+    id). bool [..., E] -> bool [..., E]."""
+    n_experts = load.shape[-1]
+    target = top_b_mask(load, capacity)
+    promote = target & ~resident
+    spare = capacity - resident.sum(-1)
+    n_demote = (promote.sum(-1) - spare).clamp(min=0)
+    candidates = resident & ~target
+    ids = torch.arange(n_experts)
+    key = torch.where(candidates, load.long() * n_experts + ids, torch.iinfo(torch.long).max)
+    order = torch.argsort(key, dim=-1, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, ids.expand_as(order).contiguous())
+    demote = candidates & (ranks < n_demote.unsqueeze(-1))
+    return (resident & ~demote) | target
+
+
+def denoise_blocks(trace: RoutingTrace) -> list[torch.Tensor]:
+    """Loads [steps, L, E] of every (prompt, block), denoise forwards in step order."""
+    loads = trace.loads
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i, step in enumerate(trace.steps):
+        if step.kind == "denoise":
+            groups.setdefault((step.prompt, step.block), []).append((step.step, i))
+    return [loads[[i for _, i in sorted(rows)]] for rows in groups.values()]
+
+
+def estimate_drift(blocks: list[torch.Tensor], capacity: int) -> float:
+    dropped = kept_total = 0
+    for block in blocks:
+        sets = top_b_mask(block, capacity)  # [steps, L, E]
+        dropped += int((sets[:-1] & ~sets[1:]).sum())
+        kept_total += int(sets[:-1].sum())
+    return dropped / kept_total if kept_total else 0.0
+
+
+def miss_fraction(blocks: list[torch.Tensor], capacity: int, tau: int) -> float:
+    """f(tau): TIDE's refresh rule replayed over the blocks, residency carried across
+    blocks from the engine's default start (experts 0..B-1 of every layer)."""
+    if not blocks:
+        return 0.0
+    n_layers, n_experts = blocks[0].shape[1:]
+    resident = torch.zeros(n_layers, n_experts, dtype=torch.bool)
+    resident[:, : min(capacity, n_experts)] = True
+    missed = routed = 0
+    for block in blocks:
+        for start in range(0, block.shape[0], tau):
+            resident = refresh_residency(resident, block[start], capacity)
+            window = block[start : start + tau].long()
+            missed += int((window * ~resident).sum())
+            routed += int(window.sum())
+    return missed / routed if routed else 0.0
+
+
+@dataclass(frozen=True)
+class TauSolution:
+    tau_star: int
+    steps_per_block: int
+    experts_per_layer: int
+    drift_d: float
+    c_io_s: float
+    c_cu_s: float
+    routed_pairs_per_step: float
+    f_curve: list[float]  # f(tau) for tau = 1..T
+    lat_io_curve: list[float]
+    lat_cpu_curve: list[float]
+    lat_curve: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def latency_curves(
+    d: float, f_curve: list[float], capacity: int, steps: int, c_io: float, c_cu: float, pairs: float
+) -> tuple[list[float], list[float]]:
+    taus = range(1, len(f_curve) + 1)
+    lat_io = [c_io * capacity * (steps / tau) * (1.0 - (1.0 - d) ** tau) for tau in taus]
+    lat_cpu = [c_cu * steps * pairs * f for f in f_curve]
+    return lat_io, lat_cpu
+
+
+def solve_tau(
+    trace: RoutingTrace | None, capacity: int, cost: CostModel, steps_per_block: int | None = None
+) -> TauSolution:
+    blocks = denoise_blocks(trace) if trace is not None else []
+    if not blocks:
+        raise HarnessError("tide tau=auto needs a calibration trace with denoise steps; set system.tau=<int>")
+    steps = steps_per_block or max(block.shape[0] for block in blocks)
+    if steps < 1:
+        raise HarnessError(f"system.steps_per_block must be >= 1 (got {steps})")
+    all_loads = torch.cat(blocks).long()
+    routed_experts = int((all_loads > 0).sum())
+    pairs_total = int(all_loads.sum())
+    mean_tokens = max(1, round(pairs_total / routed_experts)) if routed_experts else 1
+    c_cu = cost.cpu_expert_time(mean_tokens) / mean_tokens
+    pairs = pairs_total / (all_loads.shape[0] * all_loads.shape[1])
+    d = estimate_drift(blocks, capacity)
+    f_curve = [miss_fraction(blocks, capacity, tau) for tau in range(1, steps + 1)]
+    lat_io, lat_cpu = latency_curves(d, f_curve, capacity, steps, cost.copy_time(1), c_cu, pairs)
+    lat = [a + b for a, b in zip(lat_io, lat_cpu, strict=True)]
+    tau_star = min(range(1, steps + 1), key=lambda tau: (lat[tau - 1], tau))
+    return TauSolution(
+        tau_star=tau_star,
+        steps_per_block=steps,
+        experts_per_layer=capacity,
+        drift_d=d,
+        c_io_s=cost.copy_time(1),
+        c_cu_s=c_cu,
+        routed_pairs_per_step=pairs,
+        f_curve=f_curve,
+        lat_io_curve=lat_io,
+        lat_cpu_curve=lat_cpu,
+        lat_curve=lat,
+    )

@@ -1,0 +1,47 @@
+"""gpu_only: every expert resident on the GPU, nothing moves. The lossless reference and
+the ideal; it ignores B (the engine gives it room for all E experts) and reports whether
+the whole model would fit the budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from systems.base import LayerPlan, PrepareContext, System
+
+
+@dataclass
+class GpuOnlyConfig:
+    name: str = "gpu_only"
+
+
+class GpuOnly(System):
+    name = "gpu_only"
+    overlap = False
+    ignores_budget = True  # the engine sizes its residency to E, not B
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        super().prepare(ctx)
+        geometry = ctx.geometry
+        self._fits = ctx.experts_per_layer >= geometry.num_experts
+        self._model_gb = (
+            geometry.non_expert_bytes()
+            + geometry.n_moe_layers * geometry.num_experts * geometry.expert_bytes()
+        ) / 1e9
+
+    def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
+        return [set(range(n_experts)) for _ in range(n_layers)]
+
+    def plan(
+        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+    ) -> LayerPlan:
+        routed = load > 0
+        return LayerPlan(gpu=routed.clone(), cpu=torch.zeros_like(routed))
+
+    def report(self) -> dict[str, object]:
+        # B >= E means the budget holds every expert of every layer (B is capped at E).
+        return {"fits_budget": getattr(self, "_fits", None), "model_gb": getattr(self, "_model_gb", None)}

@@ -1,0 +1,185 @@
+"""Oracle: a hindsight lower bound on the modeled time of every budget-B system here.
+
+Per layer and step it may hold *any* B experts, moved for free (the engine does not
+charge its residency moves: `free_movement`), and it picks the GPU set G that minimises
+the layer's modeled time under the cost model, with the CPU running concurrently:
+
+    Phi(G) = max(copy(max(0, |G| - B)) + sum_G gpu(n_e),  sum_{routed - G} cpu(n_e))
+
+(the experts of G beyond the B resident ones are copied to scratch buffers). It holds the
+B experts of G (for a heaviest-first G: the top-B of this step's load).
+
+Why this is a bound. In any other system's plan for a layer, its GPU set G' is covered
+by at most B resident experts plus k sync copies, so k >= |G'| - B; the engine charges the
+layer at least combine(copy(k) + gpu(G'), cpu(rest)) (async copies and link backlog only
+add), and combine >= max. So every layer costs it >= Phi(G') >= min_G Phi(G), the
+oracle's charge; non-expert time is the same for all, and forwards are sums of layers.
+(gpu_only is outside: it holds all E experts, not B.)
+
+min Phi is found exactly, not greedily. Routed experts split into *flat* ones, whose GPU
+time equals gpu(1) (memory-bound on the GPU), and *heavy* ones. Among flat ones the GPU
+cost depends only on how many are chosen, so the heaviest (largest cpu(n)) are best; for
+heavy ones gpu(n) and cpu(n) are affine in n (GPU compute-bound, CPU past its ridge or its
+table's last segment), so a subset of j heavy experts matters only through its token sum
+s: we enumerate the reachable (j, s) with a subset-sum bitset and take, for every number
+of flat experts, the reachable s next to where the two sides of Phi cross (Phi is the max
+of an increasing and a decreasing function of s). If the heavy costs are not affine (a
+measured CPU table extending past the GPU ridge) the heavy experts all go to the GPU and
+the layer is counted in report()['inexact_layers'].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.cost import CostModel
+from systems.base import LayerPlan, PrepareContext, System
+
+
+@dataclass
+class OracleConfig:
+    name: str = "oracle"
+
+
+def _bits(x: int) -> torch.Tensor:
+    """Positions of the set bits of a non-negative int, ascending."""
+    raw = torch.frombuffer(
+        bytearray(x.to_bytes(max(1, (x.bit_length() + 7) // 8), "little")), dtype=torch.uint8
+    )
+    bits = (raw.long().unsqueeze(1) >> torch.arange(8)) & 1
+    return torch.nonzero(bits.flatten()).flatten()
+
+
+def _affine(n: torch.Tensor, t: torch.Tensor) -> tuple[float, float] | None:
+    """(alpha, beta) with t = alpha + beta n on every point, or None."""
+    lo, hi = int(n.argmin()), int(n.argmax())
+    if n[hi] == n[lo]:
+        return float(t.mean()), 0.0
+    beta = float((t[hi] - t[lo]) / (n[hi] - n[lo]))
+    alpha = float(t[lo]) - beta * float(n[lo])
+    if torch.allclose(alpha + beta * n.double(), t, rtol=1e-9, atol=1e-15):
+        return alpha, beta
+    return None
+
+
+class _SubsetSums:
+    """Reachable (count, token sum) of subsets of the heavy experts, reconstructable."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        reach = [1] + [0] * len(sizes)
+        self.history = []
+        for i, n in enumerate(sizes):
+            self.history.append(list(reach))
+            for j in range(i + 1, 0, -1):
+                reach[j] |= reach[j - 1] << n
+        self.reach = reach
+
+    def subset(self, j: int, s: int) -> list[int]:
+        chosen = []
+        for i in range(len(self.sizes) - 1, -1, -1):
+            if (self.history[i][j] >> s) & 1:
+                continue  # reachable without item i
+            chosen.append(i)
+            s -= self.sizes[i]
+            j -= 1
+        assert j == 0 and s == 0
+        return chosen
+
+
+def _heavy_options(h_n: torch.Tensor, g: torch.Tensor, h: torch.Tensor):
+    """Per reachable count j of heavy experts on the GPU: (j, token sums s, their GPU time,
+    the CPU time they take off the CPU), plus a way back from (j, s) to the subset."""
+    fit_g, fit_h = (_affine(h_n, g), _affine(h_n, h)) if len(h_n) else ((0.0, 0.0), (0.0, 0.0))
+    if fit_g is None or fit_h is None:  # not affine: all heavy experts on the GPU
+        zero = torch.zeros(1, dtype=torch.float64)
+        options = [(len(h_n), zero, zero + float(g.sum()), zero + float(h.sum()))]
+        return options, (lambda j, s: list(range(len(h_n)))), False
+    sums = _SubsetSums(h_n.tolist())
+    options = []
+    for j, reach in enumerate(sums.reach):
+        if reach:
+            s = _bits(reach).double()
+            options.append((j, s, j * fit_g[0] + fit_g[1] * s, j * fit_h[0] + fit_h[1] * s))
+    return options, sums.subset, True
+
+
+def best_gpu_set(load: torch.Tensor, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
+    """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
+    ids = torch.nonzero(load > 0).flatten()
+    n = load[ids].long()
+    g, h = cost.gpu_expert_times(n), cost.cpu_expert_times(n)
+    g1, c1 = cost.gpu_expert_time(1), cost.copy_time(1)
+    flat = g == g1
+    # flat experts heaviest first (ties to the lower id: ids ascend and the sort is stable)
+    order = torch.sort(n[flat], descending=True, stable=True).indices
+    flat_ids = ids[flat][order]
+    cpu_saved_flat = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(h[flat][order], 0)])
+    k = torch.arange(len(flat_ids) + 1, dtype=torch.float64)
+    heavy_ids = ids[~flat]
+    options, subset_of, exact = _heavy_options(n[~flat], g[~flat], h[~flat])
+    total_cpu = float(h.sum())
+    best = (float("inf"), 0, 0, 0)  # (phi, j, s, flat experts on the GPU)
+    for j, s, heavy_gpu, heavy_cpu in options:
+        gpu_side = (c1 * (k + j - capacity).clamp(min=0) + k * g1)[None, :] + heavy_gpu[:, None]
+        cpu_side = total_cpu - cpu_saved_flat[None, :] - heavy_cpu[:, None]
+        phi = torch.maximum(gpu_side, cpu_side)
+        at = int(phi.argmin())
+        row, col = divmod(at, phi.shape[1])
+        if float(phi[row, col]) < best[0]:
+            best = (float(phi[row, col]), j, int(s[row]), col)
+    value, j, s, n_flat = best
+    heavy = [int(heavy_ids[i]) for i in subset_of(j, s)]
+    return sorted(heavy + flat_ids[:n_flat].tolist()), value, exact
+
+
+class Oracle(System):
+    name = "oracle"
+    overlap = True
+    free_movement = True  # the engine does not charge its residency moves
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inexact_layers = 0
+        self.planned_layers = 0
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        super().prepare(ctx)
+        self.capacity = ctx.experts_per_layer
+
+    def plan(
+        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+    ) -> LayerPlan:
+        chosen, _, exact = best_gpu_set(load, self.capacity, self.ctx.cost)
+        self.planned_layers += 1
+        self.inexact_layers += not exact
+        on_gpu = set(chosen)
+        routed = torch.nonzero(load > 0).flatten().tolist()
+        held = self._held(on_gpu, routed, load, resident)
+        fetch = sorted(held - resident)
+        evict = sorted(resident - held)
+        scratch = sorted(on_gpu - held)
+        gpu = torch.zeros_like(load, dtype=torch.bool)
+        gpu[chosen] = True
+        return LayerPlan(
+            gpu=gpu, cpu=(load > 0) & ~gpu, fetch_sync=fetch + scratch, scratch=scratch, evict=evict
+        )
+
+    def _held(
+        self, on_gpu: set[int], routed: list[int], load: torch.Tensor, resident: frozenset[int]
+    ) -> set[int]:
+        """B experts to hold (moves are free, so which ones is immaterial to the charge):
+        G's experts already resident (a resident expert cannot be a scratch copy), then
+        G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so the
+        GPU holds this step's top-B when G is heaviest-first."""
+        loads = load.tolist()
+        by_load = sorted(routed, key=lambda e: (-loads[e], e))
+        ranked = [e for e in by_load if e in on_gpu and e in resident]
+        ranked += [e for e in by_load if e in on_gpu and e not in resident]
+        ranked += [e for e in by_load if e not in on_gpu]
+        return set(ranked[: self.capacity])
+
+    def report(self) -> dict[str, object]:
+        return {"planned_layers": self.planned_layers, "inexact_layers": self.inexact_layers}

@@ -1,0 +1,57 @@
+"""Name -> system class and config dataclass; `make_system` builds one from options."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from harness.errors import HarnessError
+from systems.base import System
+from systems.fiddler import Fiddler, FiddlerConfig
+from systems.gpu_only import GpuOnly, GpuOnlyConfig
+from systems.mixtral_offload import MixtralOffload, MixtralOffloadConfig
+from systems.oracle import Oracle, OracleConfig
+from systems.tide import Tide, TideConfig
+
+SYSTEMS: dict[str, type[System]] = {
+    "gpu_only": GpuOnly,
+    "fiddler": Fiddler,
+    "mixtral_offload": MixtralOffload,
+    "tide": Tide,
+    "oracle": Oracle,
+}
+
+SYSTEM_CONFIGS: dict[str, type] = {
+    "gpu_only": GpuOnlyConfig,
+    "fiddler": FiddlerConfig,
+    "mixtral_offload": MixtralOffloadConfig,
+    "tide": TideConfig,
+    "oracle": OracleConfig,
+}
+
+
+def _plain(options: Any) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        from omegaconf import OmegaConf  # a Hydra DictConfig or structured config object
+
+        options = OmegaConf.to_container(OmegaConf.structured(options), resolve=True)
+    return dict(options)
+
+
+def make_system(name: str, options: Any = None) -> System:
+    """Build system `name` from its options (a dict, a DictConfig, or its config object;
+    a `name` key, if present, must agree). Unknown names and keys are HarnessErrors."""
+    if name not in SYSTEMS:
+        raise HarnessError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+    opts = _plain(options)
+    given = opts.pop("name", name)
+    if given != name:
+        raise HarnessError(f"system options name {given!r} do not match system {name!r}")
+    allowed = [f.name for f in fields(SYSTEM_CONFIGS[name]) if f.name != "name"]
+    unknown = sorted(set(opts) - set(allowed))
+    if unknown:
+        raise HarnessError(f"unknown option(s) {unknown} for system={name}; allowed: {allowed or 'none'}")
+    return SYSTEMS[name](**opts)
