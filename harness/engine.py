@@ -35,6 +35,7 @@ import torch
 from harness.cost import CostModel, ForwardTimeline
 from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, HintFn, compute_routed_experts, expert_load
+from harness.topology import SINGLE, Topology, check_system_topology
 from harness.trace import RoutingTrace
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 
@@ -76,8 +77,13 @@ class OffloadEngine:
         experts_per_layer: int,
         cost: CostModel,
         trace: RoutingTrace | None = None,
+        topology: Topology | None = None,
     ) -> None:
         self.system = system
+        # topology=multi: expert parallelism, every expert resident on the GPU its plan.device
+        # names, nothing offloaded; a layer is charged as its slowest GPU (harness/topology.py)
+        self.topology = topology or SINGLE
+        check_system_topology(system.name, system.multi_gpu, self.topology)
         self.geometry = geometry
         self.n_layers = geometry.n_moe_layers
         self.n_experts = geometry.num_experts
@@ -87,6 +93,9 @@ class OffloadEngine:
         self.free_movement = system.free_movement
         self.cost = cost
         self.trace = trace
+        # a recorded trace carries next-layer hints so that replays of hint-using systems
+        # (prefetching) see what they would have seen live
+        self.record_hints = trace is not None
         self.resident: list[set[int]] = []
         self.counters = _Counters()
         self.step_series: list[dict[str, Any]] = []
@@ -96,8 +105,10 @@ class OffloadEngine:
         self._prepared = False
 
     # ---- lifecycle ---------------------------------------------------------------------
-    def prepare(self, calibration: RoutingTrace | None) -> None:
-        ctx = PrepareContext(self.geometry, self.experts_per_layer, self.cost, calibration)
+    def prepare(self, calibration: RoutingTrace | None, decode_steps: int | None = None) -> None:
+        ctx = PrepareContext(
+            self.geometry, self.experts_per_layer, self.cost, calibration, decode_steps, topology=self.topology
+        )
         self.system.prepare(ctx)
         initial = self.system.initial_residency(self.n_layers, self.n_experts, self.capacity)
         if len(initial) != self.n_layers:
@@ -159,7 +170,7 @@ class OffloadEngine:
         if self.trace is not None:
             self.trace.record(layer, load, hint)
         resident = self.resident[layer]
-        plan = self.system.plan(layer, load, hint, frozenset(resident))
+        plan = self.system.plan(layer, load, hint if self.system.wants_hint else None, frozenset(resident))
         routed, gpu, cpu = self._check(layer, load, plan, resident)
         self._apply(layer, load, plan, resident, routed, gpu, cpu)
         return plan
@@ -174,7 +185,8 @@ class OffloadEngine:
         hint_fn: HintFn | None,
     ) -> torch.Tensor:
         load = expert_load(topk_idx, self.n_experts)
-        hint = hint_fn() if (hint_fn is not None and self.system.wants_hint) else None
+        wants = self.system.wants_hint or self.record_hints
+        hint = hint_fn() if (hint_fn is not None and wants) else None
         self.plan_layer(layer, load, hint)
         # One call over every routed expert: splitting GPU and CPU experts into two calls
         # would change the summation order and break bit-identity with gpu_only.
@@ -243,7 +255,19 @@ class OffloadEngine:
             self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
         if plan.prefetch or plan.prefetch_evict:
             self._check_prefetch(layer, plan)
+        if self.topology.multi:
+            self._check_devices(layer, plan, cpu)
         return routed, gpu, cpu
+
+    def _check_devices(self, layer: int, plan: LayerPlan, cpu: set[int]) -> None:
+        """Expert parallelism: every expert on one of the GPUs, nothing offloaded."""
+        device, E, G = plan.device, self.n_experts, self.topology.n_gpus
+        if not (isinstance(device, torch.Tensor) and device.shape == (E,) and not device.is_floating_point()):
+            self._fail(layer, "device", f"topology=multi needs plan.device, an int tensor [{E}]")
+        if int(device.min()) < 0 or int(device.max()) >= G:
+            self._fail(layer, "device", f"plan.device names GPUs outside 0..{G - 1}")
+        if cpu or plan.fetch_sync or plan.fetch_async or plan.evict or plan.prefetch or plan.prefetch_evict:
+            self._fail(layer, "multi-gpu-offload", "topology=multi keeps every expert resident: no CPU, no moves")
 
     def _check_prefetch(self, layer: int, plan: LayerPlan) -> None:
         if layer + 1 >= self.n_layers:
@@ -302,7 +326,11 @@ class OffloadEngine:
         c.copies_free += len(cached_sync) if free else 0
         c.copies_async += len(async_targets)
         gpu_ids, cpu_ids = sorted(gpu), sorted(cpu)
-        gpu_s = float(self.cost.gpu_expert_times(load[gpu_ids]).sum())
+        if self.topology.multi:  # the GPUs run their experts concurrently: the slowest one counts
+            assert plan.device is not None
+            gpu_s = self.topology.layer_time(self.cost, load, plan.device)
+        else:
+            gpu_s = float(self.cost.gpu_expert_times(load[gpu_ids]).sum())
         cpu_s = float(self.cost.cpu_expert_times(load[cpu_ids]).sum())
         assert self._timeline is not None
         timing = self._timeline.charge_layer(
@@ -326,6 +354,7 @@ class OffloadEngine:
         return {
             "system": self.system.name,
             "hardware": self.cost.hw.name,
+            "n_gpus": self.topology.n_gpus,
             "experts_per_layer": self.experts_per_layer,
             "capacity": self.capacity,
             "forwards": len(self.step_series),

@@ -23,17 +23,19 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import harness
-from harness.budget import resolve_budget
+from harness.artifacts import calibration_trace, describe_batch, model_identity, new_trace, reference_tokens
+from harness.budget import Budget, resolve_budget
 from harness.config import validate
 from harness.cost import CostModel, HardwareConfig, load_hardware
 from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode
 from harness.engine import OffloadEngine
-from harness.errors import HarnessError
-from harness.lossless import compare_tokens, load_reference, store_reference
-from harness.model import KVCache, LoadedModel, load_model
-from harness.results import fingerprint, write_json_atomic
+from harness.lossless import compare_tokens, store_reference
+from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nominal_geometry
+from harness.results import write_json_atomic
+from harness.topology import SINGLE, Topology, build_topology
 from harness.trace import RoutingTrace
 from harness.workload import encode_prompt, load_prompts
+from systems.base import System
 from systems.registry import make_system
 
 
@@ -121,123 +123,142 @@ def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine, prompts: list
         loaded.model.engine = previous
 
 
-def model_identity(cfg: DictConfig, loaded: LoadedModel) -> dict[str, Any]:
-    """What determines the routing and the tokens, besides prompts and decode settings."""
-    return {"model": cfg.model.name, "weights": loaded.weights, "checkpoint": str(loaded.path.resolve()),
-            "dtype": cfg.model.dtype}
-
-
-def calibration_trace(cfg: DictConfig, loaded: LoadedModel, settings: DecodeSettings) -> RoutingTrace:
-    """gpu_only routing of the calibration prompts, recorded once per model and settings."""
-    prompts = [str(p) for p in cfg.calibration.prompts]
-    if not prompts:
-        raise HarnessError(f"system={cfg.system.name} learns from a calibration trace but calibration.prompts is empty")
-    key = fingerprint({**model_identity(cfg, loaded), "decode": asdict(settings), "prompts": prompts})
-    path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
-    if path.exists():
-        try:
-            return RoutingTrace.load(path)
-        except HarnessError:
-            pass  # a damaged cache entry is re-recorded
-    geometry = loaded.nominal
-    trace = RoutingTrace(geometry.n_moe_layers, geometry.num_experts, geometry=geometry.to_dict(),
-                         meta={"purpose": "calibration", **model_identity(cfg, loaded), "decode": asdict(settings)})
-    engine = OffloadEngine(make_system("gpu_only", {}), geometry, geometry.num_experts,
-                           CostModel(geometry, HardwareConfig()), trace=trace)
-    engine.prepare(None)
-    decode_with_engine(loaded, engine, prompts, settings, desc="calibration")
-    trace.save(path)
-    return trace
-
-
-def reference_tokens(cfg: DictConfig, loaded: LoadedModel, prompts: list[str], settings: DecodeSettings
-                     ) -> tuple[str, list[list[int]] | None]:
-    key = fingerprint({**model_identity(cfg, loaded), "decode": asdict(settings), "prompts": prompts})
-    return key, load_reference(cfg.cache_dir, key)
-
-
 def system_options(cfg: DictConfig) -> dict[str, Any]:
     options = OmegaConf.to_container(cfg.system, resolve=True)
     options.pop("name", None)
     return options
 
 
+@dataclass
+class RunSetup:
+    """What a run charges and decides with: the same for live and replay runs."""
+
+    system: System
+    geometry: LLaDA2Config
+    budget: Budget
+    hardware: HardwareConfig
+    cost: CostModel
+    topology: Topology = SINGLE
+
+    def engine(self, trace: RoutingTrace | None = None) -> OffloadEngine:
+        return OffloadEngine(self.system, self.geometry, self.budget.experts_per_layer, self.cost, trace=trace,
+                             topology=self.topology)
+
+
+def build_cost_model(cfg: DictConfig, geometry: LLaDA2Config, hardware: HardwareConfig) -> CostModel:
+    return CostModel(geometry, hardware)
+
+
+def setup_run(cfg: DictConfig, geometry: LLaDA2Config) -> RunSetup:
+    system = make_system(cfg.system.name, system_options(cfg))
+    budget = resolve_budget(cfg.budget, geometry)
+    hardware = load_hardware(cfg.hardware, geometry)
+    return RunSetup(system, geometry, budget, hardware, build_cost_model(cfg, geometry, hardware),
+                    build_topology(cfg.get("topology")))
+
+
 def run_job(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Run one configuration end to end and write `result.json` into `run_dir`."""
+    """Run one configuration and write `result.json` into `run_dir`: live by default,
+    over a recorded routing trace with `source=trace`."""
     validate(cfg)
+    if cfg.source == "trace":
+        from harness.replay import run_replay
+
+        return run_replay(cfg, run_dir)
+    return run_live(cfg, run_dir)
+
+
+def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+    run_dir = Path(run_dir)
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
     settings = decode_settings(cfg)
-    system = make_system(cfg.system.name, system_options(cfg))
+    setup = setup_run(cfg, nominal_geometry(cfg.model))
     t0 = time.perf_counter()
     loaded = load_model(cfg.model, cfg.cache_dir)
     load_s = time.perf_counter() - t0
-    geometry = loaded.nominal
-    budget = resolve_budget(cfg.budget, geometry)
-    hardware = load_hardware(cfg.hardware, geometry)
-    cost = CostModel(geometry, hardware)
 
-    calibration = calibration_trace(cfg, loaded, settings) if system.needs_calibration else None
-    ref_key, reference = reference_tokens(cfg, loaded, prompts, settings)
-    if reference is None and system.name != "gpu_only":
+    def model() -> LoadedModel:
+        return loaded
+
+    record = bool(cfg.trace.record)
+    calibration = None
+    if setup.system.needs_calibration or record:
+        calibration = calibration_trace(cfg, settings, model)
+    ref_key, reference = reference_tokens(cfg, settings, prompts)
+    if reference is None and setup.system.name != "gpu_only":
         reference = [o.generated for o in decode_prompts(loaded, prompts, settings, desc="reference").outputs]
-        store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg, loaded))
+        store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
 
-    engine = OffloadEngine(system, geometry, budget.experts_per_layer, cost)
-    engine.prepare(calibration)
-    batch = decode_with_engine(loaded, engine, prompts, settings, desc=system.name)
+    trace = new_trace(loaded, cfg, settings, "workload") if record else None
+    engine = setup.engine(trace)
+    engine.prepare(calibration if setup.system.needs_calibration else None, settings.steps)
+    batch = decode_with_engine(loaded, engine, prompts, settings, desc=setup.system.name)
     tokens = [o.generated for o in batch.outputs]
     if reference is None:  # this gpu_only run is the reference
         reference = tokens
-        store_reference(cfg.cache_dir, ref_key, tokens, model_identity(cfg, loaded))
+        store_reference(cfg.cache_dir, ref_key, tokens, model_identity(cfg))
     check = compare_tokens(reference, tokens)
+    if trace is not None:
+        describe_batch(trace, batch)
+        trace.save(run_dir / "trace.npz")
+        calibration.save(run_dir / "calibration.npz")
 
+    counts = {
+        "prompts": len(prompts), "generated_tokens": batch.generated_tokens, "denoise_steps": batch.denoise_steps,
+        "routed_tokens": batch.routed_tokens, "wall_s": batch.wall_s, "load_s": load_s,
+        "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0,
+        **check.metrics(),
+    }
+    first = batch.outputs[0]
+    result = build_result(cfg, setup, engine, counts, source="live", weights=loaded.weights,
+                          checkpoint=str(loaded.path))
+    result.update(
+        outputs=[{"prompt_tokens": len(o.prompt_ids), "tokens": o.generated, "n_generated": o.n_generated,
+                  "stopped_at_eos": o.stopped_at_eos} for o in batch.outputs],
+        steps=[asdict(r) for o in batch.outputs for r in o.records],
+        first_text=loaded.tokenizer.decode(first.generated[: first.n_generated]),
+    )
+    write_json_atomic(run_dir / "result.json", result)
+    return result
+
+
+def build_result(cfg: DictConfig, setup: RunSetup, engine: OffloadEngine, counts: dict[str, Any], source: str,
+                 weights: str, checkpoint: str) -> dict[str, Any]:
+    """The result record shared by live and replay runs (result.json's keys)."""
     summary = engine.summary()
     step_series = summary.pop("step_series")
-    report = system.report()
+    report = setup.system.report()
     modeled_s = summary["modeled_time_s"]
     metrics: dict[str, Any] = {
-        "tokens_per_s": batch.generated_tokens / modeled_s if modeled_s > 0 else 0.0,
-        "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0,
-        "experts_per_layer": budget.experts_per_layer,
-        "experts_per_layer_derived": budget.derived_experts_per_layer,
-        "budget_gb": budget.gpu_gb,
-        **{k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)},
-        **check.metrics(),
-        "prompts": len(prompts),
-        "generated_tokens": batch.generated_tokens,
-        "denoise_steps": batch.denoise_steps,
-        "forwards": batch.forwards,
-        "routed_tokens": batch.routed_tokens,
-        "wall_s": batch.wall_s,
-        "load_s": load_s,
+        "tokens_per_s": counts["generated_tokens"] / modeled_s if modeled_s > 0 else 0.0,
+        "experts_per_layer": setup.budget.experts_per_layer,
+        "experts_per_layer_derived": setup.budget.derived_experts_per_layer,
+        "budget_gb": setup.budget.gpu_gb,
+        **{k: v for k, v in summary.items() if _is_number(v)},
+        **counts,
     }
-    for key, value in report.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            metrics[key] = value
-    tok = loaded.tokenizer
-    first = batch.outputs[0]
-    result = {
+    metrics.update({k: v for k, v in report.items() if _is_number(v)})
+    return {
         "schema": 1,
-        "system": system.name,
+        "system": setup.system.name,
         "model": cfg.model.name,
-        "weights": loaded.weights,
-        "checkpoint": str(loaded.path),
+        "weights": weights,
+        "checkpoint": checkpoint,
+        "source": source,
         "timing": "modeled",
-        "hardware": hardware.name,
-        "decode_cache": settings.cache,
-        "budget": budget.as_dict(),
+        "hardware": setup.hardware.name,
+        "decode_cache": cfg.decode.cache,
+        "budget": setup.budget.as_dict(),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "metrics": metrics,
         "step_series": step_series,
         "system_report": report,
-        "outputs": [{"prompt_tokens": len(o.prompt_ids), "tokens": o.generated, "n_generated": o.n_generated,
-                     "stopped_at_eos": o.stopped_at_eos} for o in batch.outputs],
-        "steps": [asdict(r) for o in batch.outputs for r in o.records],
-        "first_text": tok.decode(first.generated[: first.n_generated]),
         "versions": versions(),
     }
-    write_json_atomic(Path(run_dir) / "result.json", result)
-    return result
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def versions() -> dict[str, str]:
@@ -253,14 +274,17 @@ def versions() -> dict[str, str]:
 def summary_lines(result: dict[str, Any], show_text: bool = True) -> list[str]:
     m, b = result["metrics"], result["budget"]
     tau = f" tau*={m['tau_star']:g}" if "tau_star" in m else ""
+    lossless = (f"lossless={m['lossless']} (match {100 * m['token_match_rate']:.1f}%)" if "lossless" in m
+                else "lossless=n/a (replay: no numerics)")
     lines = [
         f"[{result['system']}] model={result['model']} ({result['weights']} weights) budget={b['name']} "
         f"B={b['experts_per_layer']} cache={result['decode_cache']} hardware={result['hardware']}: "
         f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | "
-        f"modeled {m['tokens_per_s']:.1f} tokens/s, wall {m['wall_tokens_per_s']:.1f} tokens/s | "
-        f"miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens {m['cpu_expert_tokens']}"
-        f"{tau} | lossless={m['lossless']} (match {100 * m['token_match_rate']:.1f}%)"
+        f"modeled {m['tokens_per_s']:.1f} tokens/s" + (f", wall {m['wall_tokens_per_s']:.1f} tokens/s" if
+                                                        "wall_tokens_per_s" in m else f" ({result['source']})")
+        + f" | miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens {m['cpu_expert_tokens']}"
+        f"{tau} | {lossless}"
     ]
-    if show_text:
+    if show_text and "first_text" in result:
         lines.append(f"first prompt's output: {result['first_text'][:300]!r}")
     return lines

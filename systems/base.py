@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.decoding import ForwardKind, StepInfo  # noqa: F401 - re-exported for systems
+from harness.topology import SINGLE, Topology
 
 if TYPE_CHECKING:
     from harness.cost import CostModel
@@ -36,6 +37,8 @@ class LayerPlan:
     prefetch / prefetch_evict: copied asynchronously into (dropped from) the NEXT layer's
     cache. They are issued when this layer plans (the hint about layer+1 exists then) and
     share the PCIe link; layer+1's GPU experts wait only for the ones they use.
+    device: with topology=multi only (expert parallelism), int [E]: the GPU that computes
+    each expert; the engine charges the layer as its slowest GPU (harness/topology.py).
     """
 
     gpu: torch.Tensor
@@ -46,6 +49,7 @@ class LayerPlan:
     evict: list[int] = field(default_factory=list)
     prefetch: list[int] = field(default_factory=list)
     prefetch_evict: list[int] = field(default_factory=list)
+    device: torch.Tensor | None = None
 
 
 @dataclass
@@ -56,6 +60,8 @@ class PrepareContext:
     experts_per_layer: int  # B
     cost: CostModel
     calibration: RoutingTrace | None  # gpu_only routing of the calibration prompts
+    decode_steps: int | None = None  # denoising steps per block of the run (T)
+    topology: Topology = SINGLE  # the GPUs (relative speeds) an expert-parallel system maps onto
 
 
 class System:
@@ -67,6 +73,7 @@ class System:
     needs_calibration: bool = False
     ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B
     free_movement: bool = False  # oracle: the engine does not charge residency moves
+    multi_gpu: bool = False  # expert parallelism: runs only with topology=multi, sets plan.device
 
     def __init__(self, **options: object) -> None:
         self.options = options

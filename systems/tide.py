@@ -14,10 +14,13 @@ migration: async promotions are copied in the background while hits run on the G
                  every other routed expert (misses, demoted experts) on the CPU (the
                  paper's Algorithm 1); they serve from the next forward on.
 tau: auto        tau* from harness/tau_solver.py over the calibration trace.
+tau: random      a tau drawn uniformly from 1..T at the start of every block (seeded by
+                 `seed`): the ablation baseline that shows what choosing tau* is worth.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,18 +39,22 @@ class TideConfig:
     tau: str = "auto"
     migration: str = "sync"
     steps_per_block: int | None = None  # T for the tau* search; None: from the trace
+    seed: int = 0  # for tau: random
 
 
-def parse_tau(tau: object) -> int | None:
-    """'auto' -> None; a positive integer (or its string) -> int; else HarnessError."""
+def parse_tau(tau: object) -> int | str | None:
+    """'auto' -> None; 'random' -> 'random'; a positive integer (or its string) -> int;
+    else HarnessError."""
     if isinstance(tau, str) and tau.strip().lower() == "auto":
         return None
+    if isinstance(tau, str) and tau.strip().lower() == "random":
+        return "random"
     try:
         value = int(str(tau).strip())
     except ValueError:
         value = 0
     if isinstance(tau, bool) or value < 1 or str(value) != str(tau).strip():
-        raise HarnessError(f"system.tau must be 'auto' or a positive integer (got {tau!r})")
+        raise HarnessError(f"system.tau must be 'auto', 'random' or a positive integer (got {tau!r})")
     return value
 
 
@@ -56,10 +63,15 @@ class Tide(System):
     overlap = True
 
     def __init__(
-        self, tau: str | int = "auto", migration: str = "sync", steps_per_block: int | None = None
+        self, tau: str | int = "auto", migration: str = "sync", steps_per_block: int | None = None,
+        seed: int = 0,
     ) -> None:
-        super().__init__(tau=tau, migration=migration, steps_per_block=steps_per_block)
-        self.fixed_tau = parse_tau(tau)
+        super().__init__(tau=tau, migration=migration, steps_per_block=steps_per_block, seed=seed)
+        parsed = parse_tau(tau)
+        self.random_tau = parsed == "random"
+        self.fixed_tau = parsed if isinstance(parsed, int) else None
+        self.rng = random.Random(seed)
+        self.tau_per_block: list[int] = []
         if migration not in MIGRATIONS:
             raise HarnessError(f"system.migration must be one of {', '.join(MIGRATIONS)} (got {migration!r})")
         if steps_per_block is not None and (not isinstance(steps_per_block, int) or steps_per_block < 1):
@@ -68,7 +80,7 @@ class Tide(System):
             )
         self.migration = migration
         self.steps_per_block = steps_per_block
-        self.needs_calibration = self.fixed_tau is None
+        self.needs_calibration = self.fixed_tau is None and not self.random_tau
         self.tau = self.fixed_tau or 0
         self.solution: TauSolution | None = None
         self.refreshing = False
@@ -78,7 +90,12 @@ class Tide(System):
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
         self.capacity = ctx.experts_per_layer
-        if self.fixed_tau is None:
+        if self.random_tau:
+            self.max_tau = self.steps_per_block or ctx.decode_steps
+            if not self.max_tau:
+                raise HarnessError("system.tau=random needs system.steps_per_block (or the run's decode.steps)")
+            self.tau = self.rng.randint(1, self.max_tau)
+        elif self.fixed_tau is None:
             self.solution = solve_tau(ctx.calibration, ctx.experts_per_layer, ctx.cost, self.steps_per_block)
             self.tau = self.solution.tau_star
 
@@ -92,6 +109,9 @@ class Tide(System):
     def on_step(self, step: StepInfo) -> None:
         if self.tau < 1:
             raise RuntimeError("Tide.prepare() must run before the first step")
+        if self.random_tau and step.kind == "denoise" and step.step == 0:
+            self.tau = self.rng.randint(1, self.max_tau)
+            self.tau_per_block.append(self.tau)
         self.refreshing = self.should_refresh(step)
         self.refreshes += self.refreshing
 
@@ -115,12 +135,15 @@ class Tide(System):
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "tau": self.tau,
-            "tau_mode": "fixed" if self.fixed_tau else "auto",
+            "tau_mode": "fixed" if self.fixed_tau else ("random" if self.random_tau else "auto"),
             "migration": self.migration,
             "refreshes": self.refreshes,
             "migrated_experts": self.migrated,
             "tau_star": None,
         }
+        if self.random_tau:
+            out["tau_per_block"] = list(self.tau_per_block)
+            out["tau_mean"] = sum(self.tau_per_block) / len(self.tau_per_block) if self.tau_per_block else None
         if self.solution is not None:
             s = self.solution
             out.update(

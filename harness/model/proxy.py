@@ -162,13 +162,17 @@ def proxy_is_complete(directory: Path) -> bool:
     return (directory / "tokenizer.json").exists()
 
 
+def proxy_dir(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
+    return Path(cache_dir) / f"proxy-{name}-seed{seed}-v{PROXY_VERSION}"
+
+
 def ensure_proxy(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
     """The proxy checkpoint directory, written on first use and rebuilt if incomplete.
 
     Written into a temporary sibling and renamed into place, so an interrupted write
     never leaves a directory that looks complete.
     """
-    directory = Path(cache_dir) / f"proxy-{name}-seed{seed}-v{PROXY_VERSION}"
+    directory = proxy_dir(name, cache_dir, seed)
     if proxy_is_complete(directory):
         return directory
     cfg = proxy_config(name)
