@@ -2,7 +2,8 @@
 
 Bad input never shows a traceback (unless HYDRA_FULL_ERROR=1): the overrides are
 composed and checked before Hydra starts, and a `HarnessError` during the run becomes
-one line on stderr and exit code 2.
+one line on stderr and exit code 2. In a sweep, a job that fails that way writes
+`failed.json` into its directory and the sweep goes on; the sweep then exits 2.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from harness.cli_check import precheck
@@ -23,18 +25,28 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from harness.resume import skip_if_done
     from harness.run import run_job, summary_lines
+    from harness.tracking import record_finished_run
 
     run_dir = HydraConfig.get().runtime.output_dir
     try:
+        if skip_if_done(cfg, run_dir):  # resume=true and this config already has a result
+            return
         result = run_job(cfg, run_dir)
     except HarnessError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"error: {exc}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            from harness.results import write_json_atomic
+
+            write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": str(exc)})
+            return
         sys.exit(2)
     for line in summary_lines(result, cfg.show_text):
         print(line)
+    record_finished_run(result, run_dir, cfg)  # resume index + MLflow, after result.json; never raises
 
 
 def entry() -> None:
@@ -46,6 +58,10 @@ def entry() -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     main()
+    from harness import callbacks
+
+    if callbacks.FAILED_JOBS:
+        sys.exit(2)
 
 
 if __name__ == "__main__":

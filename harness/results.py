@@ -15,6 +15,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are shared (SLURM file systems)
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, sort_keys=False, default=_jsonable)
             f.flush()

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def run_cli(*args: str, cache: Path, tmp: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HARNESS_CACHE": str(cache)}
     env.pop("HYDRA_FULL_ERROR", None)
-    cmd = [sys.executable, "-m", "harness", *args, f"hydra.run.dir={tmp / 'run'}"]
+    cmd = [sys.executable, "-m", "harness", *args, f"hydra.run.dir={tmp / 'run'}", "tracking.enabled=false"]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -1,0 +1,336 @@
+"""Tables from finished runs: a sweep's summary and the paper-style comparison.
+
+`python -m harness.report [--from-mlflow URI | --runs DIR ...] [--out DIR]` collects
+results (result.json files under run or sweep directories, or the runs of an MLflow
+store), and writes `report.md`, `report.csv` and the plots of `harness.plots`:
+
+  rows     (model, gen_length, block_length, budget), plus decode_cache / hardware when
+           the result set mixes them
+  columns  one group per system: tokens/s, speedup over the best baseline in the row
+           (baselines: fiddler, mixtral_offload; gpu_only and oracle are references),
+           miss rate, tau* (systems that report one) and lossless
+
+One run per (row, system): the latest, except that a tide run with tau=auto is preferred
+over fixed-tau runs (those belong to tau sweeps, which get their own plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.results import read_json
+
+ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
+OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
+SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "tide", "oracle"]
+BASELINES = ("fiddler", "mixtral_offload")
+TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "tau_star", "lossless"]
+RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
+                  "lossless", "token_match_rate", "experts_per_layer"]
+SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",
+                 "decode_cache", "tau", "tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
+                 "lossless", "token_match_rate", "wall_tokens_per_s", "timing"]
+SWEEP_FILES = ("sweep_summary.csv", "sweep_summary.md", "throughput.png")
+LABELS = {"tokens_per_s": "tok/s", "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
+          "lossless": "lossless", "wall_tokens_per_s": "wall tok/s", "io_gb": "io GB",
+          "cpu_expert_tokens": "cpu tokens", "token_match_rate": "match", "gen_length": "gen",
+          "block_length": "block", "decode_cache": "cache"}
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def record_from_result(result: Mapping[str, Any], source: str, status: str = "ok", order: float = 0.0
+                       ) -> dict[str, Any]:
+    """One flat row per result: what identifies the run, the headline metrics, the step series."""
+    config = result.get("config") or {}
+    decode, system = config.get("decode") or {}, config.get("system") or {}
+    metrics = result.get("metrics") or {}
+    tokens_per_s = metrics.get("tokens_per_s", metrics.get("wall_tokens_per_s"))
+    record = {
+        "source": source, "status": status, "order": order,
+        "system": result.get("system") or system.get("name"), "model": result.get("model"),
+        "gen_length": decode.get("gen_length"), "block_length": decode.get("block_length"),
+        "budget": (result.get("budget") or {}).get("name") or (config.get("budget") or {}).get("name"),
+        "tau": _int(system.get("tau")), "migration": system.get("migration"),
+        "timing": result.get("timing") if "tokens_per_s" in metrics else "wall",
+        "decode_cache": result.get("decode_cache") or decode.get("cache"),
+        "hardware": result.get("hardware"), "weights": result.get("weights"),
+        "step_series": result.get("step_series") or [],
+    }
+    record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
+    record["tokens_per_s"] = _num(tokens_per_s)
+    return record
+
+
+def compact_line(record: Mapping[str, Any], label: str = "") -> str:
+    """One line per finished job of a sweep."""
+    head = f"[{record['status']}] {label}: " if label else f"[{record['status']}] "
+    tau = f" tau*={record['tau_star']:g}" if not math.isnan(record["tau_star"]) else ""
+    return (f"{head}{record['system']} budget={record['budget']} model={record['model']} | "
+            f"{record['tokens_per_s']:.1f} tok/s ({record['timing']}) | miss {_pct(record['miss_rate'])} | "
+            f"io {record['io_gb']:.2f} GB{tau} | lossless={_yes_no(record['lossless'])}")
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _yes_no(x: float) -> str:
+    return "-" if math.isnan(x) else ("yes" if x >= 1 else "no")
+
+
+def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
+    """Every result.json (and resume pointer) under the roots, one record per distinct result."""
+    from harness.resume import RESUMED_FILE, resumed_result_path
+    from harness.tracking import RESULT_FILE, find_files
+
+    seen: dict[str, dict[str, Any]] = {}
+    for path in [*find_files(roots, RESULT_FILE), *find_files(roots, RESUMED_FILE)]:
+        target = path if path.name != RESUMED_FILE else resumed_result_path(path.parent)
+        if target is None or not target.is_file() or str(target.resolve()) in seen:
+            continue
+        try:
+            result = read_json(target)
+        except (OSError, ValueError):
+            continue  # a damaged file is not a run
+        seen[str(target.resolve())] = record_from_result(result, str(target), order=target.stat().st_mtime)
+    return list(seen.values())
+
+
+def records_from_mlflow(uri: str, experiments: list[str] | None = None) -> list[dict[str, Any]]:
+    """Job runs of an MLflow store, from their result.json artifact (params/metrics otherwise)."""
+    import os
+
+    from harness.tracking import open_store
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
+    client = open_store(uri)
+    exps = [e for e in client.search_experiments() if not experiments or e.name in experiments]
+    records = []
+    token = None
+    while exps:
+        page = client.search_runs([e.experiment_id for e in exps], max_results=1000, page_token=token)
+        for run in page:
+            if run.data.tags.get("harness.kind") == "job":
+                records.append(_record_from_mlflow_run(client, run))
+        token = page.token
+        if not token:
+            break
+    return records
+
+
+def _record_from_mlflow_run(client: Any, run: Any) -> dict[str, Any]:
+    run_id, order = run.info.run_id, run.info.start_time / 1000
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = read_json(client.download_artifacts(run_id, "result.json", tmp))
+        return record_from_result(result, f"mlflow:{run_id}", order=order)
+    except Exception:  # no artifact: rebuild what the table needs from params, tags and metrics
+        p, t = run.data.params, run.data.tags
+        result = {"system": t.get("system"), "model": t.get("model"), "timing": t.get("timing"),
+                  "hardware": t.get("hardware"), "decode_cache": t.get("decode_cache"),
+                  "budget": {"name": t.get("budget")}, "metrics": run.data.metrics,
+                  "config": {"decode": {"gen_length": _int(p.get("decode.gen_length")),
+                                        "block_length": _int(p.get("decode.block_length"))},
+                             "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration")}}}
+        return record_from_result(result, f"mlflow:{run_id}", order=order)
+
+
+def _int(value: Any) -> Any:
+    """'4' -> 4 (config values such as system.tau are strings: 'auto', 'random', '4')."""
+    return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
+
+
+# --------------------------------------------------------------------------- sweep summary
+
+
+def _job_number(name: str) -> tuple[int, str]:
+    found = re.match(r"(\d+)", name)
+    return (int(found.group(1)) if found else 1 << 30, name)
+
+
+def _job_overrides(job_dir: Path) -> dict[str, str]:
+    import yaml
+
+    try:
+        items = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return {}
+    return dict(str(o).split("=", 1) for o in items if "=" in str(o))
+
+
+def varying_overrides(overrides: list[dict[str, str]]) -> list[str]:
+    """'key=value' per job for the keys whose value differs between the jobs of a sweep."""
+    keys = sorted({k for o in overrides for k in o})
+    varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1]
+    return [" ".join(f"{k}={o[k]}" for k in varying if k in o) for o in overrides]
+
+
+def sweep_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One record per job directory of a sweep: ok, skipped (resume) or failed."""
+    from harness.resume import resumed_result_path
+
+    records = []
+    job_dirs = sorted({p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")},
+                      key=lambda d: _job_number(str(d.relative_to(sweep_dir))))
+    labels = varying_overrides([_job_overrides(d) for d in job_dirs])
+    for job, varies in zip(job_dirs, labels, strict=True):
+        prior = resumed_result_path(job)
+        path, status = (job / "result.json", "ok") if (job / "result.json").is_file() else (prior, "skipped")
+        try:
+            record = record_from_result(read_json(path), str(path), status=status)
+        except (OSError, ValueError, TypeError):
+            record = record_from_result({}, str(job), status="failed")
+        records.append({**record, "job": _job_number(job.name)[0], "overrides": varies})
+    return records
+
+
+def sweep_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame(records)
+    return df.reindex(columns=SWEEP_COLUMNS)
+
+
+# --------------------------------------------------------------------------- paper table
+
+
+def row_keys(df: pd.DataFrame) -> list[str]:
+    """The fixed row keys, plus the optional ones that take more than one value here."""
+    return ROW_KEYS + [k for k in OPTIONAL_ROW_KEYS if k in df and df[k].nunique(dropna=False) > 1]
+
+
+def one_per_cell(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    fixed_tau = (df["system"] == "tide") & df["tau"].map(lambda t: isinstance(t, int))
+    ranked = df.assign(_preferred=~fixed_tau).sort_values(["_preferred", "order"], kind="stable")
+    return ranked.drop_duplicates([*keys, "system"], keep="last").drop(columns="_preferred")
+
+
+def with_speedups(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """speedup = tokens/s over the best baseline of the same row (NaN where the row has none)."""
+    best = df[df["system"].isin(BASELINES)].groupby(keys)["tokens_per_s"].max().rename("best_baseline")
+    out = df.join(best, on=keys)
+    return out.assign(speedup=out["tokens_per_s"] / out["best_baseline"]).drop(columns="best_baseline")
+
+
+def _order_key(index: pd.Index) -> pd.Index:
+    if index.name == "budget":  # 10GB < 18GB < 30GB < custom
+        return index.map(lambda b: (float(m.group(1)) if (m := re.match(r"([\d.]+)", str(b))) else math.inf, str(b)))
+    return index
+
+
+def system_order(systems: list[str]) -> list[str]:
+    return [s for s in SYSTEM_ORDER if s in systems] + sorted(s for s in systems if s not in SYSTEM_ORDER)
+
+
+def paper_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows by row keys, columns (system, metric); tau* kept only for systems that report one."""
+    df = pd.DataFrame(records)
+    keys = row_keys(df)
+    df[keys] = df[keys].fillna("?")
+    df = with_speedups(one_per_cell(df, keys), keys)
+    wide = df.pivot(index=keys, columns="system", values=TABLE_METRICS).swaplevel(axis=1)
+    columns = [(s, m) for s in system_order(list(df["system"].unique())) for m in TABLE_METRICS
+               if m != "tau_star" or wide[(s, m)].notna().any()]
+    return wide.reindex(columns=pd.MultiIndex.from_tuples(columns, names=["system", "metric"])).sort_index(
+        key=_order_key)
+
+
+def flat_csv_frame(wide: pd.DataFrame) -> pd.DataFrame:
+    flat = wide.copy()
+    flat.columns = [f"{s}.{m}" for s, m in wide.columns]
+    return flat.reset_index()
+
+
+FORMATS: dict[str, Callable[[float], str]] = {
+    "tokens_per_s": lambda x: f"{x:.1f}", "wall_tokens_per_s": lambda x: f"{x:.1f}",
+    "speedup": lambda x: f"{x:.2f}x", "miss_rate": _pct, "token_match_rate": _pct, "tau_star": lambda x: f"{x:g}",
+    "lossless": _yes_no, "io_gb": lambda x: f"{x:.3f}", "cpu_expert_tokens": lambda x: f"{x:g}",
+}
+
+
+def _cell(metric: str, value: Any) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    if metric in FORMATS and isinstance(value, int | float):
+        return FORMATS[metric](float(value))
+    return "-" if value is None else str(value)
+
+
+def markdown(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
+
+
+def paper_markdown(wide: pd.DataFrame) -> str:
+    keys = list(wide.index.names)
+    headers = [LABELS.get(k, k) for k in keys] + [f"{s} {LABELS[m]}" for s, m in wide.columns]
+    rows = [[str(v) for v in (idx if isinstance(idx, tuple) else (idx,))]
+            + [_cell(m, row[(s, m)]) for s, m in wide.columns] for idx, row in wide.iterrows()]
+    return markdown(headers, rows)
+
+
+def sweep_markdown(table: pd.DataFrame) -> str:
+    columns = [c for c in table.columns if table[c].notna().any()]
+    return markdown([LABELS.get(c, c) for c in columns],
+                    [[_cell(c, row[c]) for c in columns] for _, row in table.iterrows()])
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
+    from harness import plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    wide = paper_table(records)
+    text = paper_markdown(wide)
+    note = plots.timing_note(records)
+    (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
+    flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
+    figures = [plots.throughput_by_budget(records, out / "throughput.png"), *plots.tau_sweeps(records, out),
+               *plots.miss_per_step(records, out)]
+    return text, [f for f in figures if f is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.report", description="paper-style table and plots")
+    parser.add_argument("--from-mlflow", metavar="URI", help="read the runs of this tracking store")
+    parser.add_argument("--experiment", action="append", help="only these MLflow experiments (repeatable)")
+    parser.add_argument("--runs", nargs="+", type=Path, metavar="DIR", help="run or sweep dirs (default: outputs)")
+    parser.add_argument("--out", type=Path, default=Path("outputs/report"), help="output dir (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.from_mlflow and args.runs:
+        parser.error("use either --from-mlflow or --runs")
+    try:
+        if args.from_mlflow:
+            where, records = args.from_mlflow, records_from_mlflow(args.from_mlflow, args.experiment)
+        else:
+            roots = args.runs or [Path("outputs")]
+            where, records = " ".join(map(str, roots)), records_from_dirs(roots)
+    except Exception as exc:
+        print(f"error: cannot read runs from {args.from_mlflow}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        return 2
+    if not records:
+        print(f"error: no runs found in {where}", file=sys.stderr)
+        return 2
+    text, figures = write_report(records, args.out)
+    print(text, end="")
+    print(f"wrote {args.out}/report.md, report.csv and {len(figures)} plot(s) from {len(records)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Every experiment config composes, and a reduced version of each runs end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.cli_check import compose_checked
+from harness.config import register_configs
+from harness.errors import HarnessError
+from systems.tide import Tide
+from tests.conftest import REPO
+
+register_configs()
+EXPERIMENTS = ("table1", "table1_flash", "tau_ablation", "tau_sweep")
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_as_a_replay_grid(name):
+    cfg = compose_checked([f"+experiment={name}"])
+    assert cfg.source == "trace" and cfg.system.name == "tide"
+    assert cfg.model.name == ("flash" if name.endswith("flash") else "mini")
+
+
+REDUCED = {
+    "table1": ["decode.gen_length=8,16", "budget=10GB", "system=gpu_only,tide"],
+    "tau_ablation": ["decode.gen_length=8", "block=32", "budget=10GB,18GB", "system.tau=1,random"],
+    "tau_sweep": ["system.tau=1,2,auto"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(REDUCED))
+def test_reduced_experiment_runs(name, proxy_cache, tmp_path, tiny_dir):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "harness", "-m", f"+experiment={name}", "model=tiny", "limit_prompts=1",
+           "decode.gen_length=8", "block=32", "tracking.enabled=false", f"hydra.sweep.dir={sweep}", *REDUCED[name]]
+    env = {**os.environ, "HARNESS_CACHE": str(proxy_cache)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = [json.loads(p.read_text()) for p in sweep.glob("*/result.json")]
+    expected = 1
+    for arg in REDUCED[name]:
+        expected *= len(arg.split("=", 1)[1].split(","))
+    assert len(results) == expected
+    assert all(r["source"] == "trace" for r in results)
+
+
+def test_random_tau_is_seeded_and_within_range():
+    def taus(seed: int) -> list[int]:
+        from harness.decoding import StepInfo
+
+        t = Tide(tau="random", seed=seed, steps_per_block=8)
+        t.prepare(type("Ctx", (), {"experts_per_layer": 4, "calibration": None, "cost": None,
+                                   "decode_steps": 8})())
+        for block in range(20):
+            t.on_step(StepInfo(0, block, 0, block, block == 0, "denoise"))
+        return t.report()["tau_per_block"]
+
+    assert taus(1) == taus(1) and taus(1) != taus(2)
+    assert all(1 <= tau <= 8 for tau in taus(3)) and len(set(taus(3))) > 2
+
+
+def test_random_tau_needs_steps():
+    t = Tide(tau="random")
+    with pytest.raises(HarnessError, match="steps_per_block"):
+        t.prepare(type("Ctx", (), {"experts_per_layer": 4, "calibration": None, "cost": None,
+                                   "decode_steps": None})())
