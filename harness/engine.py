@@ -15,6 +15,10 @@ GPU and never cached; capacity: resident - evicted + cached sync fetches + async
 <= B (scratch copies do not count). A plan may also fetch asynchronously into
 layer l+1's cache (evicting from it), under the same capacity rule for layer l+1.
 
+With topology=multi (expert parallelism, harness/topology.py) every expert is resident
+on one of several GPUs: a plan also names each expert's GPU (`plan.device`), computes
+nothing on the CPU and moves nothing, and the layer's GPU time is its slowest GPU's.
+
 Counters: a missed pair is a routed token-expert pair whose expert was not resident when
 the layer started (for a system with free movement, the oracle, after its free moves);
 io_bytes counts every charged host->GPU copy (sync, scratch, async, prefetch).
@@ -38,6 +42,8 @@ from harness.model.experts import ExpertWeights, HintFn, compute_routed_experts,
 from harness.topology import SINGLE, Topology, check_system_topology
 from harness.trace import RoutingTrace
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
+
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 class PlanError(AssertionError):
@@ -262,7 +268,7 @@ class OffloadEngine:
     def _check_devices(self, layer: int, plan: LayerPlan, cpu: set[int]) -> None:
         """Expert parallelism: every expert on one of the GPUs, nothing offloaded."""
         device, E, G = plan.device, self.n_experts, self.topology.n_gpus
-        if not (isinstance(device, torch.Tensor) and device.shape == (E,) and not device.is_floating_point()):
+        if not (isinstance(device, torch.Tensor) and device.shape == (E,)) or device.dtype not in INT_DTYPES:
             self._fail(layer, "device", f"topology=multi needs plan.device, an int tensor [{E}]")
         if int(device.min()) < 0 or int(device.max()) >= G:
             self._fail(layer, "device", f"plan.device names GPUs outside 0..{G - 1}")

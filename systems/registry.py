@@ -8,11 +8,15 @@ from typing import Any
 
 from harness.errors import HarnessError
 from systems.base import System
+from systems.dali import Dali, DaliConfig
+from systems.ep_linear import EpLinear, EpLinearConfig
 from systems.fiddler import Fiddler, FiddlerConfig
+from systems.gem import Gem, GemConfig
 from systems.gpu_only import GpuOnly, GpuOnlyConfig
 from systems.mixtral_offload import MixtralOffload, MixtralOffloadConfig
 from systems.oracle import Oracle, OracleConfig
 from systems.tide import Tide, TideConfig
+from systems.tide_adaptive import TideAdaptive, TideAdaptiveConfig
 
 SYSTEMS: dict[str, type[System]] = {
     "gpu_only": GpuOnly,
@@ -20,6 +24,10 @@ SYSTEMS: dict[str, type[System]] = {
     "mixtral_offload": MixtralOffload,
     "tide": Tide,
     "oracle": Oracle,
+    "dali": Dali,
+    "tide_adaptive": TideAdaptive,
+    "ep_linear": EpLinear,
+    "gem": Gem,
 }
 
 SYSTEM_CONFIGS: dict[str, type] = {
@@ -28,6 +36,10 @@ SYSTEM_CONFIGS: dict[str, type] = {
     "mixtral_offload": MixtralOffloadConfig,
     "tide": TideConfig,
     "oracle": OracleConfig,
+    "dali": DaliConfig,
+    "tide_adaptive": TideAdaptiveConfig,
+    "ep_linear": EpLinearConfig,
+    "gem": GemConfig,
 }
 
 

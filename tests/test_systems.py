@@ -378,9 +378,10 @@ def test_every_system_keeps_the_rules_and_the_oracle_bounds_them(
 
 # ---- registry --------------------------------------------------------------------------
 def test_registry_names_and_errors() -> None:
-    assert set(SYSTEMS) == set(SYSTEM_CONFIGS) == {"gpu_only", "fiddler", "mixtral_offload", "tide", "oracle"}
+    assert set(SYSTEMS) == set(SYSTEM_CONFIGS)
+    assert {"gpu_only", "fiddler", "mixtral_offload", "tide", "oracle"} <= set(SYSTEMS)
     with pytest.raises(HarnessError, match="known: gpu_only, fiddler"):
-        make_system("dali", {})
+        make_system("flexgen", {})
     with pytest.raises(HarnessError, match="allowed"):
         make_system("tide", {"tau": 3, "rate": 1})
     with pytest.raises(HarnessError, match="name"):

@@ -1,0 +1,214 @@
+"""GEM-style GPU-variability-aware expert-to-GPU mapping (DESIGN section 7).
+
+topology=multi only: experts are spread over G GPUs of unequal speed and nothing is
+offloaded; a layer finishes when its slowest GPU does (harness/topology.py). Like
+ep_linear, each GPU holds a fixed number of experts per layer (the same E / G split, so
+both use the same memory); GEM chooses *which* experts, per layer, once, in prepare():
+
+1. Latency curves. For every GPU r the latency of one expert against its token count,
+   sampled from the cost model at tile boundaries (n = 0, tile, 2 tile, ...) and scaled by
+   the GPU's relative speed; n tokens cost what the next boundary costs (a GEMM pads its
+   rows to the tile). tile = 1 makes the curve the cost model itself.
+2. A calibration window: `calibration_steps` (16) denoise forwards of the calibration
+   trace, evenly spaced over it.
+3. The objective, per layer: sum over the window's steps of the slowest GPU's latency,
+   GPU r's latency being the sum of its routed experts' curve values.
+4. Search, per layer: `starts` greedy starting maps (experts heaviest first, weights
+   perturbed by multiplicative noise except in the first; each goes to the GPU with a free
+   slot that keeps the objective lowest) plus the ep_linear map; each is improved by
+   pairwise swaps of experts on different GPUs (the best swap for one expert at a time,
+   taken when it strictly lowers the objective) until no swap helps; the best map wins.
+   Because ep_linear's map is one of the starts and swaps only lower the objective, GEM's
+   map never scores worse than ep_linear's on the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.errors import HarnessError
+from harness.trace import RoutingTrace
+from systems.base import LayerPlan, PrepareContext, System
+from systems.ep_linear import expert_parallel_plan, linear_mapping
+
+
+@dataclass
+class GemConfig:
+    name: str = "gem"
+    calibration_steps: int = 16
+    tile: int = 16
+    starts: int = 4
+    noise: float = 0.2
+    seed: int = 0
+
+
+def calibration_window(trace: RoutingTrace | None, n_steps: int) -> torch.Tensor:
+    """Loads [S, L, E] of n_steps denoise forwards spread evenly over the trace."""
+    rows = [i for i, s in enumerate(trace.steps) if s.kind == "denoise"] if trace is not None else []
+    if not rows:
+        raise HarnessError("system=gem needs a calibration trace with denoise steps (calibration.prompts)")
+    picks = torch.linspace(0, len(rows) - 1, min(n_steps, len(rows))).round().long().unique()
+    return trace.loads[[rows[int(i)] for i in picks]].long()
+
+
+def latency_tables(cost: Any, speeds: tuple[float, ...], max_tokens: int, tile: int) -> torch.Tensor:
+    """float64 [G, K+1]: GPU r's latency of one expert with k * tile tokens."""
+    boundaries = torch.arange(0, -(-max(max_tokens, 1) // tile) + 1) * tile
+    base = cost.gpu_expert_times(boundaries)
+    return base[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
+
+
+def expert_costs(loads: torch.Tensor, tables: torch.Tensor, tile: int) -> torch.Tensor:
+    """float64 [G, S, E]: each GPU's curve value for each (step, expert) of one layer."""
+    tiles = -(-loads // tile)  # n tokens cost the next tile boundary; 0 tokens cost 0
+    return tables[:, tiles]
+
+
+def mapping_score(costs: torch.Tensor, mapping: torch.Tensor) -> float:
+    """Sum over steps of the slowest GPU's latency under `mapping` [E]."""
+    return float(gpu_busy(costs, mapping).max(-1).values.sum())
+
+
+def gpu_busy(costs: torch.Tensor, mapping: torch.Tensor) -> torch.Tensor:
+    """[S, G]: each GPU's latency per step under `mapping`."""
+    n_gpus, n_steps, _ = costs.shape
+    own = costs.gather(0, mapping.expand(n_steps, -1).unsqueeze(0)).squeeze(0)  # [S, E]
+    return torch.zeros(n_steps, n_gpus, dtype=torch.float64).index_add_(1, mapping, own)
+
+
+def greedy_map(costs: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Experts by descending weight, each to the GPU with a free slot that keeps the
+    objective (sum over steps of the slowest GPU) lowest; ties to the lower GPU id."""
+    n_gpus, n_steps, n_experts = costs.shape
+    busy = torch.zeros(n_steps, n_gpus, dtype=torch.float64)
+    free = slots.clone()
+    mapping = torch.empty(n_experts, dtype=torch.long)
+    eye = torch.eye(n_gpus, dtype=torch.float64)
+    for e in torch.sort(weights, descending=True, stable=True).indices.tolist():
+        trial = busy[None] + costs[:, :, e, None] * eye[:, None, :]  # [G (choice), S, G]
+        score = trial.max(-1).values.sum(-1)
+        score[free == 0] = float("inf")
+        r = int(score.argmin())
+        mapping[e], free[r] = r, free[r] - 1
+        busy[:, r] += costs[r, :, e]
+    return mapping
+
+
+def best_swap(costs: torch.Tensor, mapping: torch.Tensor, busy: torch.Tensor) -> tuple[float, int, int]:
+    """(objective after, e, f) of the swap of two experts on different GPUs that lowers the
+    objective most (e = f = -1 if none is evaluated). All pairs of one GPU pair at once:
+    a swap changes only those two GPUs' latencies."""
+    n_gpus = costs.shape[0]
+    best = (float("inf"), -1, -1)
+    for a in range(n_gpus):
+        on_a = torch.nonzero(mapping == a).flatten()
+        for b in range(a + 1, n_gpus):
+            on_b = torch.nonzero(mapping == b).flatten()
+            if not len(on_a) or not len(on_b):
+                continue
+            rest = [g for g in range(n_gpus) if g not in (a, b)]
+            floor = busy[:, rest].max(-1).values if rest else torch.zeros(busy.shape[0], dtype=busy.dtype)
+            # [|A|, |B|, S]: GPU a gives up e (row) and takes f (column); GPU b the reverse
+            new_a = busy[:, a] - costs[a][:, on_a].T[:, None, :] + costs[a][:, on_b].T[None, :, :]
+            new_b = busy[:, b] - costs[b][:, on_b].T[None, :, :] + costs[b][:, on_a].T[:, None, :]
+            scores = torch.maximum(torch.maximum(new_a, new_b), floor).sum(-1)
+            at = int(scores.argmin())
+            i, j = divmod(at, scores.shape[1])
+            if float(scores[i, j]) < best[0]:
+                best = (float(scores[i, j]), int(on_a[i]), int(on_b[j]))
+    return best
+
+
+def improve_by_swaps(costs: torch.Tensor, mapping: torch.Tensor) -> torch.Tensor:
+    """Apply the best pairwise swap while it strictly lowers the objective."""
+    mapping = mapping.clone()
+    score = mapping_score(costs, mapping)
+    while True:
+        after, e, f = best_swap(costs, mapping, gpu_busy(costs, mapping))
+        if e < 0 or not after < score * (1 - 1e-12):
+            return mapping
+        mapping[e], mapping[f] = mapping[f].clone(), mapping[e].clone()
+        score = after
+
+
+class Gem(System):
+    name = "gem"
+    overlap = False
+    ignores_budget = True  # every expert resident (on some GPU): the budget B does not apply
+    multi_gpu = True
+    needs_calibration = True
+
+    def __init__(
+        self, calibration_steps: int = 16, tile: int = 16, starts: int = 4, noise: float = 0.2, seed: int = 0
+    ) -> None:
+        super().__init__(calibration_steps=calibration_steps, tile=tile, starts=starts, noise=noise, seed=seed)
+        for key, value in (("calibration_steps", calibration_steps), ("tile", tile), ("starts", starts)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise HarnessError(f"system.{key} must be a positive integer (got {value!r})")
+        if not 0 <= float(noise) <= 1:
+            raise HarnessError(f"system.noise must be in [0, 1] (got {noise!r})")
+        self.calibration_steps, self.tile, self.starts = calibration_steps, tile, starts
+        self.noise, self.seed = float(noise), seed
+        self.mappings: torch.Tensor | None = None  # [L, E]
+        self.scores: list[float] = []
+        self.linear_scores: list[float] = []
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        super().prepare(ctx)
+        # the search is thousands of small tensor ops: intra-op threads only add their
+        # synchronisation (10-25x slower on a busy 2-core machine), so run it on one
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self._map_layers(ctx)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _map_layers(self, ctx: PrepareContext) -> None:
+        window = calibration_window(ctx.calibration, self.calibration_steps)  # [S, L, E]
+        n_experts, speeds = ctx.geometry.num_experts, ctx.topology.speeds
+        linear = linear_mapping(n_experts, len(speeds))
+        slots = torch.bincount(linear, minlength=len(speeds))
+        tables = latency_tables(ctx.cost, speeds, int(window.max()), self.tile)
+        gen = torch.Generator().manual_seed(self.seed)
+        maps = []
+        for layer in range(window.shape[1]):
+            costs = expert_costs(window[:, layer], tables, self.tile)
+            best = self.search_layer(costs, slots, linear, gen)
+            maps.append(best)
+            self.scores.append(mapping_score(costs, best))
+            self.linear_scores.append(mapping_score(costs, linear))
+        self.mappings = torch.stack(maps)
+
+    def search_layer(
+        self, costs: torch.Tensor, slots: torch.Tensor, linear: torch.Tensor, gen: torch.Generator
+    ) -> torch.Tensor:
+        weights = costs.mean(0).sum(0)  # an expert's latency over the window, averaged over GPUs
+        starts = [linear]
+        for i in range(self.starts):
+            noise = 1 + self.noise * torch.randn(weights.shape, generator=gen, dtype=torch.float64)
+            starts.append(greedy_map(costs, slots, weights * (noise if i else 1)))
+        improved = [improve_by_swaps(costs, start) for start in starts]
+        return min(improved, key=lambda m: mapping_score(costs, m))
+
+    def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
+        return [set(range(n_experts)) for _ in range(n_layers)]
+
+    def plan(
+        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+    ) -> LayerPlan:
+        assert self.mappings is not None, "prepare() first"
+        return expert_parallel_plan(load, self.mappings[layer])
+
+    def report(self) -> dict[str, Any]:
+        gem, linear = sum(self.scores), sum(self.linear_scores)
+        return {
+            "gpu_speeds": list(self.ctx.topology.speeds),
+            "calibration_score_s": gem,  # objective over the window, all layers
+            "ep_linear_calibration_score_s": linear,
+            "calibration_gain": 1 - gem / linear if linear > 0 else 0.0,
+            "layer_scores_s": list(self.scores),
+        }

@@ -1,0 +1,192 @@
+"""TIDE with the refresh interval chosen online, per block, without a calibration pass.
+
+Refreshes follow TIDE (systems/tide.py): the prompt's prefill forward, step 0 of every
+block and every step of the first generated block refresh (`refresh_residency`: promote
+this step's top-B, demote only as many others as needed, lowest load first); commit
+forwards never do; misses run on the CPU, concurrently with the GPU. The difference is
+when the other refreshes happen. TIDE fixes tau offline from a calibration trace; here
+every denoise step of a block measures, with the cost model, what the residency left by
+the last refresh costs against a fresh one, and the next refresh comes when that
+accumulated cost has paid for one (rent or buy):
+
+    per layer, at this step's load:
+    stale  = max(GPU time of the resident routed experts, CPU time of the others)
+    fresh  = the same with this step's top-B resident (a refresh now, its copies free)
+    regret = max(0, stale - fresh)               what not refreshing cost this step
+    buy    = copy_time(1) * |top-B not resident| what a refresh now would copy (sync)
+
+    refresh at step s when the regret summed over the steps since the last refresh,
+    plus step s's predicted regret, reaches the buy price; both are the last step's
+    (staleness only grows), or right after a refresh (nothing observed since) those of
+    the step after the previous refresh
+
+The regret grows with the miss growth: slowly when the routing drifts slowly or only
+oscillates around the top-B cut (those experts cost little on the CPU), fast when the
+hot set moves. Rent-or-buy is the classic online rule for this trade (buy once the rent
+paid reaches the price: at most about twice what the better of "refresh now" and "never
+refresh" would have paid over an interval); counting the coming step's predicted rent
+lets fast drift refresh every step instead of every other one.
+
+The tau of a block is its steps per refresh (step 0's included): the interval TIDE would
+need to refresh as often. The report gives it for every block but the first generated
+one (which refreshes every step), and the mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.errors import HarnessError
+from harness.tau_solver import refresh_residency, top_b_mask
+from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.tide import MIGRATIONS
+
+
+@dataclass
+class TideAdaptiveConfig:
+    name: str = "tide_adaptive"
+    migration: str = "sync"
+
+
+@dataclass
+class StepTally:
+    """One forward, summed over its MoE layers (seconds from the cost model)."""
+
+    regret_s: float = 0.0
+    buy_s: float = 0.0
+    layers: int = 0
+
+
+def layer_regret(
+    load: torch.Tensor, resident: torch.Tensor, capacity: int, gpu: torch.Tensor, cpu: torch.Tensor, copy_s: float
+) -> tuple[float, float]:
+    """(regret, buy) of one layer: what keeping `resident` costs over this step's top-B
+    resident, and what copying the missing top-B would cost. gpu / cpu: each expert's
+    times at this load."""
+    routed = load > 0
+    top = top_b_mask(load, capacity)
+    stale = max(float(gpu[routed & resident].sum()), float(cpu[routed & ~resident].sum()))
+    fresh = max(float(gpu[top].sum()), float(cpu[routed & ~top].sum()))
+    return max(0.0, stale - fresh), copy_s * int((top & ~resident).sum())
+
+
+class TideAdaptive(System):
+    name = "tide_adaptive"
+    overlap = True
+
+    def __init__(self, migration: str = "sync") -> None:
+        super().__init__(migration=migration)
+        if migration not in MIGRATIONS:
+            raise HarnessError(f"system.migration must be one of {', '.join(MIGRATIONS)} (got {migration!r})")
+        self.migration = migration
+        self.refreshing = False
+        self.current: StepInfo | None = None
+        self.tally = StepTally()
+        self.regret_s = 0.0  # accumulated since the block's last refresh
+        self.fresh = True  # no step observed since the last refresh
+        self.last = StepTally()  # the last observed step since the refresh
+        self.first = StepTally()  # the step after the latest refresh that had one
+        self.block: tuple[int, int] | None = None
+        self.adaptive_block = False
+        self.block_steps = self.block_refreshes = 0
+        self.tau_per_block: list[float] = []
+        self.refreshes = 0
+        self.migrated = 0
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        super().prepare(ctx)
+        self.capacity = ctx.experts_per_layer
+
+    # ---- per forward ---------------------------------------------------------------
+    def on_step(self, step: StepInfo) -> None:
+        self._close_step()
+        if step.kind == "denoise" and (step.prompt, step.block) != self.block:
+            self._start_block(step)
+        self.refreshing = self.should_refresh(step)
+        self.refreshes += self.refreshing
+        if step.kind == "denoise":
+            self.block_steps += 1
+            self.block_refreshes += self.refreshing
+            if self.refreshing:
+                self.regret_s, self.fresh = 0.0, True
+        self.current = step
+
+    def should_refresh(self, step: StepInfo) -> bool:
+        if step.kind != "denoise":
+            return step.kind == "prefill"
+        if step.step == 0 or step.is_first_block:
+            return True
+        seen = self.first if self.fresh else self.last
+        return self.regret_s + seen.regret_s > 0 and self.regret_s + seen.regret_s >= seen.buy_s
+
+    def _start_block(self, step: StepInfo) -> None:
+        self._finish_block()
+        self.block = (step.prompt, step.block)
+        self.adaptive_block = not step.is_first_block
+        self.block_steps = self.block_refreshes = 0
+
+    def _finish_block(self) -> None:
+        if self.adaptive_block and self.block_refreshes:
+            self.tau_per_block.append(round(self.block_steps / self.block_refreshes, 2))
+        self.adaptive_block = False
+
+    def _close_step(self) -> None:
+        """Fold the finished denoise forward into the regret since the last refresh (a
+        refresh step is fresh by construction: it adds nothing)."""
+        step, t = self.current, self.tally
+        self.tally = StepTally()
+        if step is None or step.kind != "denoise" or t.layers == 0:
+            return
+        if self.refreshing:
+            return
+        if self.fresh:
+            self.first, self.fresh = t, False
+        self.last = t
+        self.regret_s += t.regret_s
+
+    # ---- one layer -----------------------------------------------------------------
+    def plan(
+        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+    ) -> LayerPlan:
+        routed = load > 0
+        now = torch.zeros_like(routed)
+        now[list(resident)] = True
+        if self.current is not None and self.current.kind == "denoise":
+            self._observe(load, now)
+        if not self.refreshing:
+            return LayerPlan(gpu=routed & now, cpu=routed & ~now)
+        return self._refresh(load, routed, now)
+
+    def _observe(self, load: torch.Tensor, now: torch.Tensor) -> None:
+        cost = self.ctx.cost
+        regret, buy = layer_regret(
+            load, now, self.capacity, cost.gpu_expert_times(load), cost.cpu_expert_times(load), cost.copy_time(1)
+        )
+        self.tally.regret_s += regret
+        self.tally.buy_s += buy
+        self.tally.layers += 1
+
+    def _refresh(self, load: torch.Tensor, routed: torch.Tensor, now: torch.Tensor) -> LayerPlan:
+        after = refresh_residency(now, load, self.capacity)
+        promote = torch.nonzero(after & ~now).flatten().tolist()
+        demote = torch.nonzero(now & ~after).flatten().tolist()
+        self.migrated += len(promote)
+        if self.migration == "sync":
+            return LayerPlan(gpu=routed & after, cpu=routed & ~after, fetch_sync=promote, evict=demote)
+        kept = now & after
+        return LayerPlan(gpu=routed & kept, cpu=routed & ~kept, fetch_async=promote, evict=demote)
+
+    def report(self) -> dict[str, Any]:
+        self._close_step()
+        self._finish_block()
+        taus = self.tau_per_block
+        return {
+            "migration": self.migration,
+            "tau_per_block": list(taus),
+            "tau_mean": sum(taus) / len(taus) if taus else None,
+            "refreshes": self.refreshes,
+            "migrated_experts": self.migrated,
+        }

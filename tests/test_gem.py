@@ -1,0 +1,300 @@
+"""Multi-GPU topology, ep_linear and gem: speed profiles, the expert-parallel charge, the
+pairing errors, gem's search against ep_linear on its own calibration window, a slow GPU,
+property tests through the engine, and lossless runs on the tiny proxy."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.cli_check import compose_checked
+from harness.config import register_configs
+from harness.cost import CostModel, HardwareConfig
+from harness.engine import OffloadEngine, PlanError
+from harness.errors import HarnessError
+from harness.model.config import LLaDA2Config
+from harness.run import run_job
+from harness.topology import (
+    VARIABILITY_SPREAD,
+    Topology,
+    TopologyConfig,
+    build_topology,
+    check_system_topology,
+    gpu_speeds,
+)
+from harness.trace import RoutingTrace
+from systems.base import LayerPlan, StepInfo, System
+from systems.ep_linear import linear_mapping
+from systems.gem import improve_by_swaps
+from systems.registry import make_system
+from tests.test_systems import random_steps
+
+register_configs()
+
+
+def geometry(n_layers: int, n_experts: int, top_k: int = 4) -> LLaDA2Config:
+    return LLaDA2Config(
+        num_hidden_layers=n_layers + 1, num_experts=n_experts, n_group=1, topk_group=1, num_experts_per_tok=top_k
+    )
+
+
+def multi(*speeds: float) -> Topology:
+    return Topology("multi", tuple(speeds))
+
+
+def ep_engine(name: str, options: dict, geo: LLaDA2Config, topology: Topology, calibration=None) -> OffloadEngine:
+    eng = OffloadEngine(make_system(name, options), geo, 0, CostModel(geo, HardwareConfig()), topology=topology)
+    eng.prepare(calibration)
+    return eng
+
+
+def denoise_trace(loads: torch.Tensor) -> RoutingTrace:
+    """A trace of denoise forwards with the given loads [S, L, E]."""
+    n_steps, n_layers, n_experts = loads.shape
+    trace = RoutingTrace(n_layers, n_experts)
+    for s in range(n_steps):
+        trace.add_step(StepInfo(0, s // 4, s % 4, s, False), 8, 8)
+        for layer in range(n_layers):
+            trace.record(layer, loads[s, layer])
+    return trace
+
+
+def random_loads(gen: torch.Generator, n_steps: int, n_layers: int, n_experts: int, skew: float) -> torch.Tensor:
+    """Zipf-like popularity (a random permutation per layer), tokens from 1 to ~300."""
+    out = torch.zeros(n_steps, n_layers, n_experts, dtype=torch.long)
+    for layer in range(n_layers):
+        p = (1.0 / torch.arange(1, n_experts + 1).double() ** skew)[torch.randperm(n_experts, generator=gen)]
+        for s in range(n_steps):
+            routed = torch.rand(n_experts, generator=gen, dtype=torch.float64) < p / p.max()
+            out[s, layer] = routed * torch.randint(1, 300, (n_experts,), generator=gen)
+    return out
+
+
+def score(cost: CostModel, speeds: tuple[float, ...], loads: torch.Tensor, mapping: torch.Tensor) -> float:
+    """The slowest GPU's time summed over steps, written out (not gem's own code): each GPU
+    sums the cost model's time of the experts it owns, divided by its speed."""
+    total = 0.0
+    for load in loads:
+        busy = [0.0] * len(speeds)
+        for e, n in enumerate(load.tolist()):
+            busy[int(mapping[e])] += cost.gpu_expert_time(n) / speeds[int(mapping[e])]
+        total += max(busy)
+    return total
+
+
+# ---- topology -------------------------------------------------------------------------
+def test_speed_profiles_have_the_spread_of_their_level_and_follow_the_seed() -> None:
+    for level, spread in VARIABILITY_SPREAD.items():
+        speeds = gpu_speeds(4, level, seed=3)
+        assert max(speeds) == 1.0 and min(speeds) == pytest.approx(1 - spread)
+        assert speeds == gpu_speeds(4, level, seed=3)
+    assert gpu_speeds(8, "high", 0) != gpu_speeds(8, "high", 1)
+    assert build_topology(None).n_gpus == 1 and not build_topology(TopologyConfig()).multi
+    explicit = build_topology(TopologyConfig(name="multi", n_gpus=2, speeds=[1.0, 0.5]))
+    assert explicit.speeds == (1.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (TopologyConfig(name="single", n_gpus=4), "topology=multi topology.n_gpus=4"),
+        (TopologyConfig(name="multi", n_gpus=1), "topology.n_gpus=1"),
+        (TopologyConfig(name="multi", n_gpus=4, variability="wild"), "topology.variability"),
+        (TopologyConfig(name="multi", n_gpus=2, speeds=[1.0]), "topology.speeds"),
+        (TopologyConfig(name="ring"), "topology.name"),
+    ],
+)
+def test_bad_topologies_are_one_line_errors(config: TopologyConfig, match: str) -> None:
+    with pytest.raises(HarnessError, match=match) as err:
+        build_topology(config)
+    assert "\n" not in str(err.value)
+
+
+def test_systems_and_topologies_must_pair() -> None:
+    with pytest.raises(HarnessError, match="add topology=multi"):
+        check_system_topology("gem", True, build_topology(None))
+    with pytest.raises(HarnessError, match="use topology=single"):
+        check_system_topology("tide", False, multi(1.0, 1.0))
+    with pytest.raises(HarnessError, match="topology=multi"):  # the engine checks too (replay)
+        ep_engine("ep_linear", {}, geometry(1, 8), build_topology(None))
+    with pytest.raises(HarnessError, match=r"system=ep_linear maps experts over several GPUs"):
+        compose_checked(["model=tiny", "system=ep_linear"])
+    with pytest.raises(HarnessError, match=r"system=dali runs on one GPU"):
+        compose_checked(["model=tiny", "system=dali", "topology=multi"])
+
+
+def test_the_engine_charges_an_expert_parallel_layer_as_its_slowest_gpu() -> None:
+    geo = geometry(1, 8)
+    cost = CostModel(geo, HardwareConfig())
+    load = torch.tensor([400, 0, 10, 0, 900, 1, 0, 0])
+    eng = ep_engine("ep_linear", {}, geo, multi(1.0, 0.5))  # GPU 0: experts 0-3, GPU 1: 4-7
+    eng.begin_step(StepInfo(0, 1, 0, 0, False), 8, 8)
+    plan = eng.plan_layer(0, load)
+    eng.end_step()
+    gpu0 = cost.gpu_expert_time(400) + cost.gpu_expert_time(10)
+    gpu1 = (cost.gpu_expert_time(900) + cost.gpu_expert_time(1)) / 0.5
+    s = eng.summary()
+    assert plan.device.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert s["time_gpu_experts_s"] == pytest.approx(max(gpu0, gpu1))
+    assert s["n_gpus"] == 2 and s["io_bytes"] == 0 and s["missed_pairs"] == 0 and s["cpu_expert_tokens"] == 0
+
+
+class NoDevice(System):
+    name = "no_device"
+    multi_gpu = True
+    ignores_budget = True
+
+    def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
+        return [set(range(n_experts)) for _ in range(n_layers)]
+
+    def plan(self, layer, load, hint, resident) -> LayerPlan:
+        routed = load > 0
+        return LayerPlan(gpu=routed, cpu=torch.zeros_like(routed), device=self.device)
+
+
+@pytest.mark.parametrize(
+    ("device", "rule"), [(None, "device"), (torch.full((8,), 2), "device"), (torch.zeros(8), "device")]
+)
+def test_the_engine_rejects_a_multi_gpu_plan_without_a_valid_device_map(device, rule: str) -> None:
+    system = NoDevice()
+    system.device = device
+    eng = OffloadEngine(system, geometry(1, 8), 0, CostModel(geometry(1, 8), HardwareConfig()), topology=multi(1, 1))
+    eng.prepare(None)
+    eng.begin_step(StepInfo(0, 1, 0, 0, False), 2, 2)
+    with pytest.raises(PlanError) as err:
+        eng.plan_layer(0, torch.tensor([1, 0, 2, 0, 0, 0, 0, 1]))
+    assert err.value.rule == rule
+
+
+# ---- gem's search ---------------------------------------------------------------------
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31),
+    n_gpus=st.integers(2, 4),
+    n_experts=st.sampled_from([8, 16]),
+    level=st.sampled_from(list(VARIABILITY_SPREAD)),
+    tile=st.sampled_from([1, 16, 64]),
+    skew=st.floats(0.0, 1.5),
+)
+def test_gem_never_scores_worse_than_ep_linear_on_its_calibration_window(
+    seed: int, n_gpus: int, n_experts: int, level: str, tile: int, skew: float
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    geo = geometry(2, n_experts)
+    topology = multi(*gpu_speeds(n_gpus, level, seed))
+    window = random_loads(gen, 16, 2, n_experts, skew)
+    gem = ep_engine("gem", {"tile": tile, "starts": 2}, geo, topology, denoise_trace(window))
+    linear = linear_mapping(n_experts, n_gpus)
+    cost = gem.cost
+    for layer in range(2):
+        mapping = gem.system.mappings[layer]
+        assert torch.equal(torch.bincount(mapping, minlength=n_gpus), torch.bincount(linear, minlength=n_gpus))
+        gem_s, linear_s = (score(cost, topology.speeds, window[:, layer], m) for m in (mapping, linear))
+        if tile == 1:  # the curves are the cost model itself: gem's objective is this score
+            assert gem_s <= linear_s * (1 + 1e-9)
+    report = gem.system.report()
+    assert report["calibration_score_s"] <= report["ep_linear_calibration_score_s"] * (1 + 1e-12)
+
+
+def test_gem_replay_over_its_window_beats_or_ties_ep_linear_through_the_engine() -> None:
+    gen = torch.Generator().manual_seed(11)
+    geo = geometry(3, 16)
+    topology = multi(*gpu_speeds(4, "high", 5))
+    window = denoise_trace(random_loads(gen, 16, 3, 16, 1.0))
+    times = {}
+    for name in ("ep_linear", "gem"):
+        eng = ep_engine(name, {"tile": 1} if name == "gem" else {}, geo, topology, window)
+        times[name] = eng.replay(window)["time_gpu_experts_s"]
+    assert times["gem"] < times["ep_linear"]
+
+
+def test_gem_keeps_the_heaviest_experts_off_a_gpu_twice_as_slow() -> None:
+    # experts 12..15 are routed every step with many tokens; ep_linear puts them all on GPU 3
+    gen = torch.Generator().manual_seed(0)
+    loads = torch.randint(0, 3, (16, 1, 16), generator=gen) * (torch.rand(16, 1, 16, generator=gen) < 0.3)
+    loads[:, 0, 12:] = 250
+    topology = multi(1.0, 1.0, 1.0, 0.5)
+    gem = ep_engine("gem", {}, geometry(1, 16), topology, denoise_trace(loads))
+    mapping = gem.system.mappings[0]
+    assert torch.equal(linear_mapping(16, 4)[12:], torch.full((4,), 3))
+    assert not (mapping[12:] == 3).any()
+    assert torch.bincount(mapping, minlength=4).tolist() == [4, 4, 4, 4]
+
+
+def test_swaps_stop_at_a_map_no_single_swap_improves() -> None:
+    gen = torch.Generator().manual_seed(2)
+    costs = torch.rand(3, 5, 9, generator=gen, dtype=torch.float64) * (torch.rand(1, 5, 9, generator=gen) < 0.6)
+
+    def objective(m: torch.Tensor) -> float:
+        return sum(max(float(costs[r, s, m == r].sum()) for r in range(3)) for s in range(5))
+
+    start = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    final = improve_by_swaps(costs, start)
+    assert objective(final) < objective(start)
+    for e, f in itertools.combinations(range(9), 2):
+        if final[e] != final[f]:
+            swapped = final.clone()
+            swapped[[e, f]] = final[[f, e]]
+            assert objective(swapped) >= objective(final) * (1 - 1e-9)
+
+
+def test_gem_needs_a_calibration_trace_and_valid_options() -> None:
+    with pytest.raises(HarnessError, match="calibration"):
+        ep_engine("gem", {}, geometry(1, 8), multi(1, 1))
+    for options in ({"tile": 0}, {"starts": 0}, {"noise": 2.0}, {"calibration_steps": 0}):
+        with pytest.raises(HarnessError, match=f"system.{next(iter(options))}"):
+            make_system("gem", options)
+
+
+# ---- through the engine ---------------------------------------------------------------
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), n_layers=st.integers(1, 3), n_gpus=st.integers(2, 5))
+def test_expert_parallel_systems_compute_every_routed_expert_once_on_a_gpu(
+    seed: int, n_layers: int, n_gpus: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    geo = geometry(n_layers, 16)
+    topology = multi(*gpu_speeds(n_gpus, "medium", seed))
+    steps = random_steps(gen, 3)
+    calibration = denoise_trace(random_loads(gen, 8, n_layers, 16, 1.0))
+    for name in ("ep_linear", "gem"):
+        eng = ep_engine(name, {"starts": 1} if name == "gem" else {}, geo, topology, calibration)
+        expected = 0.0
+        for info in steps:
+            eng.begin_step(info, 4, 8)
+            for layer in range(n_layers):
+                load = random_loads(gen, 1, 1, 16, 0.5)[0, 0]
+                plan = eng.plan_layer(layer, load)
+                assert torch.equal(plan.gpu, load > 0) and not plan.cpu.any()
+                assert eng.layer_resident(layer) == set(range(16))
+                busy = [0.0] * n_gpus
+                for e in torch.nonzero(load).flatten().tolist():
+                    busy[int(plan.device[e])] += eng.cost.gpu_expert_time(int(load[e])) / topology.speeds[
+                        int(plan.device[e])
+                    ]
+                expected += max(busy)
+            eng.end_step()
+        s = eng.summary()
+        assert (s["missed_pairs"], s["io_bytes"], s["cpu_expert_tokens"], s["time_cpu_experts_s"]) == (0, 0, 0, 0)
+        assert s["time_gpu_experts_s"] == pytest.approx(expected)
+        assert s["time_gpu_experts_s"] + s["time_non_expert_s"] == pytest.approx(s["modeled_time_s"])
+
+
+# ---- live runs on the tiny proxy ------------------------------------------------------
+@pytest.mark.parametrize("system", ["ep_linear", "gem"])
+def test_expert_parallel_runs_on_the_tiny_proxy_are_lossless(
+    system: str, proxy_cache: Path, tmp_path: Path, tiny_dir: Path
+) -> None:
+    cfg = compose_checked(
+        ["model=tiny", f"system={system}", "topology=multi", "topology.variability=high", "decode.gen_length=8",
+         "limit_prompts=2", f"cache_dir={proxy_cache}", "tracking.enabled=false",
+         "calibration.prompts=[Sort a list of numbers.]"]  # one prompt: gem's window needs only 16 steps
+    )
+    result = run_job(cfg, tmp_path)
+    assert result["metrics"]["lossless"] == 1 and result["metrics"]["n_gpus"] == 4
+    assert result["metrics"]["io_gb"] == 0 and result["metrics"]["cpu_expert_tokens"] == 0
