@@ -2,8 +2,9 @@
 
 `profile_local` times one expert of the model's nominal shape on the CPU at 1..64 tokens
 (bf16, cycling over enough distinct experts that the weights stream from memory as a real
-miss does) and, when CUDA is present, fits the GPU expert roofline to measured latencies
-and times pinned host->device copies. Results go into one JSON file with an entry per
+miss does) and, when CUDA is present, times the GPU expert at 1..4096 tokens and the HBM
+bandwidth, fits the cost model's GPU roofline through them (`fit_gpu_roofline`), and
+times pinned host->device copies of whole experts on a copy stream. Results go into one JSON file with an entry per
 expert shape, written atomically; `harness.cost.load_hardware` reads it. Takes seconds.
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,59 +51,139 @@ def _expert_weights(geometry: LLaDA2Config, copies: int, device: str) -> list[tu
     ]
 
 
-def _expert_latency(geometry: LLaDA2Config, tokens: Sequence[int], device: str, reps: int) -> list[float]:
+def _swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    F = torch.nn.functional
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def _expert_latency(geometry: LLaDA2Config, tokens: Sequence[int], reps: int) -> list[float]:
+    """CPU seconds of one expert call at each token count (median of `reps`)."""
     # Cycle over enough distinct experts to exceed the last-level cache: a real miss
     # streams its weights from memory, not from a cache warmed by the previous call.
-    copies = (
-        min(256, max(2, int(64e6 // geometry.expert_bytes(BYTES_PER_PARAM)) + 1)) if device == "cpu" else 8
-    )
-    weights = _expert_weights(geometry, copies, device)
-    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    copies = min(256, max(2, int(64e6 // geometry.expert_bytes(BYTES_PER_PARAM)) + 1))
+    weights = _expert_weights(geometry, copies, "cpu")
     out = []
     turn = itertools.count()
     for n in tokens:
-        x = torch.randn(n, geometry.hidden_size, dtype=torch.bfloat16, device=device)
+        x = torch.randn(n, geometry.hidden_size, dtype=torch.bfloat16)
 
         def call(x: torch.Tensor = x) -> None:
-            gate, up, down = weights[next(turn) % copies]
-            torch.nn.functional.linear(
-                torch.nn.functional.silu(torch.nn.functional.linear(x, gate))
-                * torch.nn.functional.linear(x, up),
-                down,
-            )
-            sync()
+            _swiglu(x, *weights[next(turn) % copies])
 
         with torch.no_grad():
             out.append(_median_seconds(call, reps))
     return out
 
 
-def _measure_gpu(geometry: LLaDA2Config) -> dict[str, float]:
-    """Fit the GPU roofline to measured expert latencies, and time pinned H2D copies."""
-    big = (1, 4096)
-    t_small, t_big = _expert_latency(geometry, big, "cuda", reps=5)
-    host = torch.empty(
-        int(geometry.expert_bytes(BYTES_PER_PARAM)) // 2 * 8, dtype=torch.bfloat16
-    ).pin_memory()
-    dev = torch.empty_like(host, device="cuda")
-    tiny_host, tiny_dev = host[:256], dev[:256]
+# ---- CUDA ----------------------------------------------------------------------------------
+# Timed with CUDA events on the stream doing the work, over many back-to-back calls: a
+# perf_counter around one call plus torch.cuda.synchronize() measures the synchronize
+# (tens of microseconds) as much as the kernels. Back-to-back eager launches are also how
+# the hybrid executor issues experts, so launch gaps count as they do in a run.
+GPU_PROFILE_TOKENS = (1, 8, 32, 128, 512, 2048, 4096)
+GPU_STREAMED_BYTES = 256e6  # > the L2 of any current GPU (A100 40 MB, H100/H200 50 MB)
+GPU_REPS = 20
 
-    def copy_big() -> None:
-        dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
 
-    def copy_tiny() -> None:
-        tiny_dev.copy_(tiny_host, non_blocking=True)
-        torch.cuda.synchronize()
+def _events_seconds(run: Callable[[], None], stream: torch.cuda.Stream | None = None) -> float:
+    """Device seconds of `run()` (which queues work on `stream`, default: the current one)."""
+    stream = stream or torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    run()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
-    t_copy, t_tiny = _median_seconds(copy_big, 5), _median_seconds(copy_tiny, 5)
+
+def _gpu_expert_latency(geometry: LLaDA2Config, tokens: Sequence[int], reps: int = GPU_REPS) -> list[float]:
+    """Device seconds of one expert call at each token count (mean over `reps` calls), cycling
+    over enough distinct experts that their weights stream from HBM, not from L2."""
+    copies = min(64, max(8, math.ceil(GPU_STREAMED_BYTES / geometry.expert_bytes(BYTES_PER_PARAM))))
+    weights = _expert_weights(geometry, copies, "cuda")
+    out = []
+    with torch.no_grad():
+        for n in tokens:
+            x = torch.randn(n, geometry.hidden_size, dtype=torch.bfloat16, device="cuda")
+            for w in weights:  # warm-up: cuBLAS picks its kernels for this shape once
+                _swiglu(x, *w)
+            torch.cuda.synchronize()
+
+            def calls(x: torch.Tensor = x) -> None:
+                for i in range(reps):
+                    _swiglu(x, *weights[i % copies])
+
+            out.append(_events_seconds(calls) / reps)
+    return out
+
+
+def _hbm_gbps(nbytes: int = 1 << 29) -> float:
+    """Device-to-device copy bandwidth (read + write) of a buffer far larger than L2."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    seconds = min(_events_seconds(lambda: dst.copy_(src)) for _ in range(3))
+    return 2 * nbytes / seconds / 1e9
+
+
+def _pcie(geometry: LLaDA2Config, k: int = 8) -> tuple[float, float]:
+    """(pinned host->device GB/s, per-expert-copy latency in us), timed on a copy stream of
+    its own as the executor copies: an expert is three tensor copies, k experts back to back."""
+    h, i = geometry.hidden_size, geometry.moe_intermediate_size
+    shapes = ((i, h), (i, h), (h, i))
+    host = [[torch.empty(s, dtype=torch.bfloat16, pin_memory=True) for s in shapes] for _ in range(k)]
+    dev = [[torch.empty(s, dtype=torch.bfloat16, device="cuda") for s in shapes] for _ in range(k)]
+    big_host = torch.empty(k * geometry.expert_params, dtype=torch.bfloat16, pin_memory=True)
+    big_dev = torch.empty(k * geometry.expert_params, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+
+    def experts() -> None:
+        with torch.cuda.stream(stream):
+            for d_expert, h_expert in zip(dev, host, strict=True):
+                for d, s in zip(d_expert, h_expert, strict=True):
+                    d.copy_(s, non_blocking=True)
+
+    def one_big() -> None:
+        with torch.cuda.stream(stream):
+            big_dev.copy_(big_host, non_blocking=True)
+
+    experts()  # warm-up
+    one_big()
+    stream.synchronize()
+    per_expert = statistics.median(_events_seconds(experts, stream) for _ in range(5)) / k
+    big = statistics.median(_events_seconds(one_big, stream) for _ in range(5))
     expert_bytes = geometry.expert_bytes(BYTES_PER_PARAM)
+    gbps = k * expert_bytes / big / 1e9
+    latency_s = max(0.0, per_expert - expert_bytes / (gbps * 1e9))  # what three small copies add
+    return gbps, latency_s * 1e6
+
+
+def fit_gpu_roofline(
+    geometry: LLaDA2Config, tokens: Sequence[int], seconds: Sequence[float], hbm_gbps: float
+) -> dict[str, float]:
+    """The cost model's GPU expert roofline, gpu(n) = overhead + max(bytes / bw, flops(n) / F),
+    through the measured latencies: bw is the measured HBM bandwidth, the overhead what the
+    smallest call takes beyond streaming the weights at bw, F what the largest call needs
+    beyond the overhead. It reproduces both ends of the table."""
+    expert_bytes = geometry.expert_bytes(BYTES_PER_PARAM)
+    overhead = max(0.0, seconds[0] - expert_bytes / (hbm_gbps * 1e9))
+    flops = 2.0 * geometry.expert_params * tokens[-1]
+    compute = max(seconds[-1] - overhead, expert_bytes / (hbm_gbps * 1e9), 1e-9)
+    return {"gpu_hbm_gbps": hbm_gbps, "gpu_bf16_tflops": flops / compute / 1e12, "gpu_call_overhead_us": overhead * 1e6}
+
+
+def _measure_gpu(geometry: LLaDA2Config) -> dict[str, Any]:
+    """GPU expert latency at several token counts, the roofline fitted to it, and pinned
+    host->device copies. Returns the profile entry's GPU part."""
+    latency = _gpu_expert_latency(geometry, GPU_PROFILE_TOKENS)
+    fitted = fit_gpu_roofline(geometry, GPU_PROFILE_TOKENS, latency, _hbm_gbps())
+    pcie_gbps, pcie_latency_us = _pcie(geometry)
     return {
-        "gpu_hbm_gbps": expert_bytes / t_small / 1e9,  # effective, launch overhead included
-        "gpu_bf16_tflops": 2.0 * geometry.expert_params * big[1] / t_big / 1e12,
-        "gpu_call_overhead_us": 0.0,
-        "pcie_gbps": host.numel() * 2 / max(t_copy - t_tiny, 1e-9) / 1e9,
-        "pcie_latency_us": t_tiny * 1e6,
+        # `gpu` holds HardwareConfig fields only: harness.cost.load_hardware merges it as is
+        "gpu": {**fitted, "pcie_gbps": pcie_gbps, "pcie_latency_us": pcie_latency_us},
+        "gpu_table_tokens": list(GPU_PROFILE_TOKENS),
+        "gpu_table_seconds": latency,
+        "gpu_name": torch.cuda.get_device_name(),
     }
 
 
@@ -110,15 +192,15 @@ def profile_local(geometry: LLaDA2Config, out_path: str | Path, reps: int = 5) -
     the JSON profile at `out_path` (one entry per expert shape). Takes seconds."""
     path = Path(out_path)
     profile = read_profile(path) or {"version": PROFILE_VERSION, "shapes": {}}
-    seconds = _expert_latency(geometry, PROFILE_TOKENS, "cpu", reps)
+    seconds = _expert_latency(geometry, PROFILE_TOKENS, reps)
     entry: dict[str, Any] = {
         "cpu_table_tokens": list(PROFILE_TOKENS),
         "cpu_table_seconds": seconds,
         "cpu_threads": torch.get_num_threads(),
-        "gpu": _measure_gpu(geometry) if torch.cuda.is_available() else None,
+        "gpu": None,
     }
-    if entry["gpu"] is not None:
-        entry["gpu_name"] = torch.cuda.get_device_name()
+    if torch.cuda.is_available():
+        entry.update(_measure_gpu(geometry))
     profile["shapes"][expert_shape(geometry)] = entry
     profile.update(
         host=platform.node(), cpu=platform.processor() or platform.machine(), torch=torch.__version__

@@ -220,17 +220,23 @@ class LLaDA2Model(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] (one sequence). With `cache`, the window must start
         where the cache ends and sees every cached position; `commit` appends this
-        window's keys/values to the cache. Returns logits [T, vocab] in fp32."""
+        window's keys/values to the cache. Returns logits [T, vocab] in fp32.
+
+        The decoding loop's tensors live on the host; when the model is placed on a device
+        (harness/hybrid) the inputs move in and the logits move out here. On the host every
+        `.to` below is a no-op returning the same tensor."""
         cfg = self.config
         if not self.moe_layers()[0].expert_weights:
             self.refresh_expert_views()
-        rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta)
+        device = self.model.word_embeddings.weight.device
+        rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta)  # on the host, as the positions
+        rope = (rope[0].to(device), rope[1].to(device))
         past_len = cache.length if cache is not None else 0
         k_pos = torch.cat((torch.arange(past_len), positions)) if past_len else positions
-        mask = block_causal_mask(positions, k_pos, block_length)
+        mask = block_causal_mask(positions, k_pos, block_length).to(device)
         gates = [m.gate for m in self.moe_layers()] + [None]
 
-        h = self.model.word_embeddings(input_ids)
+        h = self.model.word_embeddings(input_ids.to(device))
         for i, layer in enumerate(self.model.layers):
             past = None
             if cache is not None and past_len:
@@ -245,7 +251,7 @@ class LLaDA2Model(nn.Module):
             if commit:
                 assert cache is not None
                 _append_kv(cache, i, new_kv)
-        return self.lm_head(self.model.norm(h)).float()
+        return self.lm_head(self.model.norm(h)).float().to(input_ids.device)
 
 
 def _append_kv(cache: KVCache, layer: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -1,0 +1,294 @@
+"""Hybrid execution of one system's plans: resident experts on the device, missed experts
+on the CPU, weights moving on a copy stream (issue 7; DESIGN sections 4 and 8).
+
+The executor implements the `ExpertEngine` protocol around an `OffloadEngine`: per MoE
+layer the engine decides (`plan_layer`: the system's plan, validated, residency and
+counters updated, the cost model charged) and the executor carries the plan out:
+
+1. moves, in this order: evictions free slots (recording when their last reader ran);
+   sync fetches are queued on the copy stream (into a slot, or a one-use buffer for
+   scratch copies); async fetches and prefetches into the next layer follow them on the
+   same stream (one PCIe link, FIFO, as the cost model charges it);
+2. CPU experts start in a worker thread on host copies of the layer's input (before the
+   GPU work is launched when the system overlaps, after the compute stream drained when
+   it does not: measured time follows the system's own execution model);
+3. GPU experts: the compute stream waits for the copy events of exactly the experts it
+   is about to use (sync fetches, scratch copies, earlier async fetches and prefetches
+   not yet waited on), then computes them into rows of a [T*K, H] buffer;
+4. join: the CPU rows are copied into the same buffer; `combine` sums each token's rows
+   in the canonical order once.
+
+Every routed (token, expert) row is computed exactly once, by the side the plan named,
+with the expert's full token set, so on one device (the CPU stand-in) the layer output is
+bit-identical to gpu_only. On CUDA the CPU rows come from CPU kernels and the GPU rows
+from GPU kernels, which round differently; the run reports token match rate instead.
+
+Timing: wall clock (perf_counter) from one step's `begin_step` to the next, the device
+synchronized at the step's end; compute-stream events around each step's GPU work and
+around each layer's GPU experts; CPU expert seconds measured in the worker. Each step's
+figures are added to the engine's step series beside the modeled latency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.engine import OffloadEngine
+from harness.errors import HarnessError
+from harness.hybrid.placement import DevicePlacement, HostExperts
+from harness.hybrid.pool import SlotPool, fetch_scratch
+from harness.hybrid.runtime import Event
+from harness.model.experts import (
+    ExpertWeights,
+    HintFn,
+    combine,
+    expert_load,
+    sort_by_expert,
+    weighted_expert_outputs,
+)
+from systems.base import LayerPlan, StepInfo
+
+Scratch = dict[int, tuple[ExpertWeights, Event]]
+
+
+@dataclass
+class _StepClock:
+    wall0: float
+    gpu0: Event
+    expert_marks: list[tuple[Event, Event]] = field(default_factory=list)
+    cpu_s: float = 0.0
+
+
+@dataclass
+class StepTiming:
+    wall_s: float
+    gpu_span_s: float  # compute-stream time from the step's start to its end
+    gpu_experts_s: float  # sum over layers of the GPU experts' time
+    cpu_experts_s: float  # sum over layers of the CPU worker's time
+
+
+def _ids(mask: torch.Tensor) -> list[int]:
+    return torch.nonzero(mask).flatten().tolist()
+
+
+class HybridExecutor:
+    """Carries out an `OffloadEngine`'s plans on a device (see the module docstring)."""
+
+    def __init__(self, engine: OffloadEngine, placement: DevicePlacement) -> None:
+        if engine.topology.multi:
+            raise HarnessError("backend=cuda executes on one GPU; topology=multi (expert parallelism) is modeled "
+                               "only: run it with backend=cpu")
+        if not engine.resident:
+            raise RuntimeError("OffloadEngine.prepare() must run before the executor takes its residency")
+        if len(placement.host) != engine.n_layers or len(placement.host[0].views) != engine.n_experts:
+            raise RuntimeError(
+                f"the model has {len(placement.host)} MoE layers of {len(placement.host[0].views)} experts, "
+                f"the engine plans {engine.n_layers} of {engine.n_experts}"
+            )
+        self.engine, self.placement, self.runtime = engine, placement, placement.runtime
+        self.overlap = engine.system.overlap
+        self.runtime.reset_peak()  # the peak of this run: non-expert weights, pools, activations
+        self.pools = [SlotPool(self.runtime, layer, engine.capacity, host.views[0])
+                      for layer, host in enumerate(placement.host)]
+        self.pool_bytes = sum(p.nbytes for p in self.pools)
+        self.slots_high_water = 0
+        self._load_initial()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-experts")
+        self.steps: list[StepTiming] = []
+        self._clock: _StepClock | None = None
+
+    def _load_initial(self) -> None:
+        """What the system placed before the first forward; not part of any step's time."""
+        for layer, pool in enumerate(self.pools):
+            host = self.placement.host[layer]
+            for e in sorted(self.engine.resident[layer]):
+                pool.load(e, host.views[e], "initial")
+        self._settle()
+
+    def _settle(self) -> None:
+        self.runtime.synchronize()
+        for pool in self.pools:
+            pool.settled()
+
+    # ---- steps (the decoding loop's hook calls these, as it calls the engine's) ---------
+    def begin_step(self, step: StepInfo, n_tokens: int, n_context: int) -> None:
+        self.end_step()
+        self.engine.begin_step(step, n_tokens, n_context)
+        self._clock = _StepClock(time.perf_counter(), self.runtime.mark())
+
+    def end_step(self) -> None:
+        clock, self._clock = self._clock, None
+        if clock is None:
+            return
+        gpu1 = self.runtime.mark()
+        self._settle()
+        rt = self.runtime
+        timing = StepTiming(
+            wall_s=time.perf_counter() - clock.wall0,
+            gpu_span_s=rt.elapsed(clock.gpu0, gpu1),
+            gpu_experts_s=sum(rt.elapsed(a, b) for a, b in clock.expert_marks),
+            cpu_experts_s=clock.cpu_s,
+        )
+        self.steps.append(timing)
+        before = len(self.engine.step_series)
+        self.engine.end_step()
+        if len(self.engine.step_series) > before:  # the measured figures beside the modeled ones
+            self.engine.step_series[-1].update(
+                measured_s=timing.wall_s, measured_gpu_span_s=timing.gpu_span_s,
+                measured_gpu_experts_s=timing.gpu_experts_s, measured_cpu_experts_s=timing.cpu_experts_s,
+            )
+
+    def close(self) -> None:
+        """End the last step and free the device slots and the worker."""
+        self.end_step()
+        self._worker.shutdown(wait=True)
+        self.slots_high_water = self._high_water()
+        self.pools = []
+
+    def _high_water(self) -> int:
+        return max([self.slots_high_water] + [p.high_water for p in self.pools])
+
+    # ---- one MoE layer -------------------------------------------------------------------
+    def run_experts(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_w: torch.Tensor,
+        experts: Sequence[ExpertWeights],
+        hint_fn: HintFn | None,
+    ) -> torch.Tensor:
+        rt, engine = self.runtime, self.engine
+        idx, w = sort_by_expert(topk_idx, topk_w)  # the canonical order, as compute_routed_experts
+        load = expert_load(idx, engine.n_experts).to(rt.host)
+        wants = engine.system.wants_hint or engine.record_hints
+        hint = hint_fn().to(rt.host) if (hint_fn is not None and wants) else None
+        plan = engine.plan_layer(layer, load, hint)
+        rt.note("plan", layer)
+        scratch = self._apply_moves(layer, plan)
+        buffer = x.new_zeros(idx.numel(), x.shape[1])
+        cpu_mask = plan.cpu.to(torch.bool)
+        cpu_job = None
+        if self.overlap and bool(cpu_mask.any()):
+            cpu_job = self._start_cpu(layer, x, idx, w, cpu_mask)
+        self._run_gpu(layer, x, idx, w, plan.gpu.to(torch.bool), scratch, buffer)
+        del scratch  # one-use buffers: never resident, freed once the queued kernels ran
+        if bool(cpu_mask.any()):
+            if cpu_job is None:  # no overlap: the CPU starts when the GPU has finished
+                rt.wait_compute(layer)
+                cpu_job = self._start_cpu(layer, x, idx, w, cpu_mask)
+            self._join_cpu(layer, cpu_job, idx, cpu_mask, buffer)
+        self._check_residency(layer, plan)
+        rt.note("combine", layer)
+        return combine(buffer, x.shape[0], idx.shape[1])
+
+    def _apply_moves(self, layer: int, plan: LayerPlan) -> Scratch:
+        pool, host = self.pools[layer], self.placement.host[layer]
+        for e in plan.evict:  # first: the fetches below need the slots
+            pool.evict(e)
+        one_use = set(plan.scratch)
+        scratch: Scratch = {}
+        for e in plan.fetch_sync:  # first on the copy stream: this layer waits for them
+            if e in one_use:
+                scratch[e] = fetch_scratch(self.runtime, layer, e, host.views[e])
+            else:
+                pool.load(e, host.views[e], "sync")
+        for e in plan.fetch_async:
+            pool.load(e, host.views[e], "async")
+        if plan.prefetch or plan.prefetch_evict:
+            nxt: HostExperts = self.placement.host[layer + 1]
+            for e in plan.prefetch_evict:
+                self.pools[layer + 1].evict(e)
+            for e in plan.prefetch:
+                self.pools[layer + 1].load(e, nxt.views[e], "prefetch")
+        return scratch
+
+    def _run_gpu(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, mask: torch.Tensor,
+                 scratch: Scratch, buffer: torch.Tensor) -> None:
+        ids = _ids(mask)
+        if not ids:
+            return
+        views: list[Any] = [None] * self.engine.n_experts  # only the GPU experts are looked up
+        for e in ids:
+            if e in scratch:
+                weights, landed = scratch[e]
+                self.runtime.wait(landed, layer)
+                views[e] = weights
+            else:
+                views[e] = self.pools[layer].weights(e)  # waits for its copy if still pending
+        self.runtime.note("gpu", layer, tuple(ids))
+        start = self.runtime.mark()
+        weighted_expert_outputs(x, idx, w, views, only=mask, buffer=buffer)
+        if self._clock is not None:
+            self._clock.expert_marks.append((start, self.runtime.mark()))
+
+    def _start_cpu(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+                   mask: torch.Tensor) -> Future[tuple[torch.Tensor, float]]:
+        host = self.runtime.host
+        x_host, idx_host, w_host = x.to(host), idx.to(host), w.to(host)
+        self.runtime.note("cpu_start", layer, tuple(_ids(mask)))
+        return self._worker.submit(self._cpu_experts, layer, x_host, idx_host, w_host, mask)
+
+    def _cpu_experts(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+                     mask: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """In the worker thread: torch CPU ops on the host copies of the experts."""
+        with torch.inference_mode():  # thread-local: the model's forward set it in its own thread
+            start = time.perf_counter()
+            rows = weighted_expert_outputs(x, idx, w, self.placement.host[layer].views, only=mask)
+            seconds = time.perf_counter() - start
+        self.runtime.note("cpu_done", layer)
+        return rows, seconds
+
+    def _join_cpu(self, layer: int, job: Future[tuple[torch.Tensor, float]], idx: torch.Tensor,
+                  mask: torch.Tensor, buffer: torch.Tensor) -> None:
+        rows_host, seconds = job.result()
+        self.runtime.note("join", layer)
+        rows = torch.nonzero(mask[idx.reshape(-1).to(mask.device)]).flatten()
+        buffer[rows.to(buffer.device)] = rows_host[rows].to(buffer.device)
+        if self._clock is not None:
+            self._clock.cpu_s += seconds
+
+    def _check_residency(self, layer: int, plan: LayerPlan) -> None:
+        """The slots hold exactly what the engine counts as resident (and never more than B)."""
+        layers = [layer, layer + 1] if (plan.prefetch or plan.prefetch_evict) else [layer]
+        for lay in layers:
+            if self.pools[lay].holds() != self.engine.resident[lay]:
+                raise RuntimeError(
+                    f"layer {lay}: device slots hold {sorted(self.pools[lay].holds())[:8]}..., "
+                    f"the engine counts {sorted(self.engine.resident[lay])[:8]}..."
+                )
+
+    # ---- results -------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Measured figures for result.json (numbers only: they become metrics)."""
+        total = sum(s.wall_s for s in self.steps)
+        peak = self.runtime.peak_bytes()
+        return {
+            "measured_time_s": total,
+            "measured_gpu_span_s": sum(s.gpu_span_s for s in self.steps),
+            "measured_gpu_experts_s": sum(s.gpu_experts_s for s in self.steps),
+            "measured_cpu_experts_s": sum(s.cpu_experts_s for s in self.steps),
+            "measured_steps": len(self.steps),
+            "gpu_peak_mem_bytes": peak,
+            "gpu_peak_mem_gb": peak / 1e9,
+            "gpu_expert_pool_bytes": self.pool_bytes,
+            "gpu_non_expert_bytes": self.placement.non_expert_bytes,
+            "gpu_slots_high_water": self._high_water(),
+        }
+
+
+def apply_measured(result: dict[str, Any], measured: dict[str, Any], backend: str) -> None:
+    """Turn a live result into a measured one: `tokens_per_s` becomes the measured rate,
+    the modeled rate stays beside it as `modeled_tokens_per_s`."""
+    metrics = result["metrics"]
+    metrics["modeled_tokens_per_s"] = metrics["tokens_per_s"]
+    seconds = measured["measured_time_s"]
+    metrics["tokens_per_s"] = metrics["generated_tokens"] / seconds if seconds > 0 else 0.0
+    metrics.update(measured)
+    result.update(timing="measured", backend=backend)

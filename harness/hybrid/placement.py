@@ -1,0 +1,107 @@
+"""Putting a loaded model on a device for hybrid execution.
+
+`attach(model, runtime)` moves every non-expert module (embeddings, attention, norms,
+router, shared experts, dense layers, lm_head) to the runtime's device in its dtype (bf16
+on CUDA; the router stays fp32, as the model computes routing in fp32), and copies each
+MoE layer's routed experts into one stacked host buffer per weight (pinned on CUDA, so a
+slot copy is an asynchronous DMA). Routed experts never go to the device here: only the
+executor's slot pools and one-use buffers hold them there. The KV cache follows the
+attention outputs onto the device.
+
+`wrap(model, engine)` is what a decode hands its MoE layers to: the engine itself for a
+model left on the host (the cpu backend), a `HybridExecutor` around it for an attached one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from harness.hybrid.runtime import Runtime
+from harness.model.experts import ExpertWeights
+from harness.model.llada2 import LLaDA2Model, Router
+
+if TYPE_CHECKING:
+    from harness.engine import OffloadEngine
+    from harness.hybrid.executor import HybridExecutor
+
+
+class HostExperts:
+    """One MoE layer's routed experts in host memory: stacked [E, ...] per weight."""
+
+    def __init__(self, runtime: Runtime, experts: Sequence[ExpertWeights], dtype: torch.dtype) -> None:
+        first = experts[0]
+        self.stacks = tuple(runtime.host_empty((len(experts), *w.shape), dtype) for w in first)
+        for e, weights in enumerate(experts):
+            for stack, w in zip(self.stacks, weights, strict=True):
+                stack[e].copy_(w)  # converts to the device dtype; pages a mmap'd checkpoint in once
+        self.views = [ExpertWeights(*(s[e] for s in self.stacks)) for e in range(len(experts))]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self.stacks)
+
+
+@dataclass
+class DevicePlacement:
+    runtime: Runtime
+    host: list[HostExperts]  # per MoE layer
+    non_expert_bytes: int  # parameters and buffers placed on the device by `attach`
+
+
+def _move_module(module: nn.Module, device: torch.device, dtype: torch.dtype | None) -> int:
+    """Move one module's own parameters and buffers (not its children's); returns bytes."""
+    keep_fp32 = isinstance(module, Router)
+    moved = 0
+    for name, param in list(module.named_parameters(recurse=False)):
+        target = torch.float32 if keep_fp32 else (dtype or param.dtype)
+        if param.device != device or param.dtype != target:
+            param = nn.Parameter(param.detach().to(device, target), requires_grad=False)
+            setattr(module, name, param)
+        moved += param.numel() * param.element_size()
+    for name, buf in list(module.named_buffers(recurse=False)):
+        if buf.device != device:
+            buf = buf.to(device)  # the expert bias keeps its dtype: it only selects
+            setattr(module, name, buf)
+        moved += buf.numel() * buf.element_size()
+    return moved
+
+
+def expert_modules(model: LLaDA2Model) -> set[int]:
+    """ids of every module inside a MoE layer's routed-expert list."""
+    return {id(m) for moe in model.moe_layers() for m in moe.experts.modules()}
+
+
+def attach(model: LLaDA2Model, runtime: Runtime) -> DevicePlacement:
+    """Place `model` for hybrid execution on `runtime` (see the module docstring)."""
+    if placement_of(model) is not None:
+        raise RuntimeError("the model is already attached to a device")
+    skip = expert_modules(model)
+    moved = sum(_move_module(m, runtime.device, runtime.dtype) for m in model.modules() if id(m) not in skip)
+    if not model.moe_layers()[0].expert_weights:
+        model.refresh_expert_views()
+    host = []
+    for moe in model.moe_layers():
+        dtype = runtime.dtype or moe.expert_weights[0].gate.dtype
+        host.append(HostExperts(runtime, moe.expert_weights, dtype))
+    placement = DevicePlacement(runtime, host, moved)
+    model.placement = placement  # read by `placement_of`; a plain attribute, not a submodule
+    return placement
+
+
+def placement_of(model: LLaDA2Model) -> DevicePlacement | None:
+    return getattr(model, "placement", None)
+
+
+def wrap(model: LLaDA2Model, engine: OffloadEngine | HybridExecutor) -> OffloadEngine | HybridExecutor:
+    """The engine itself on the host; a HybridExecutor around it on an attached model."""
+    from harness.hybrid.executor import HybridExecutor
+
+    placement = placement_of(model)
+    if placement is None or isinstance(engine, HybridExecutor):
+        return engine
+    return HybridExecutor(engine, placement)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The prepared GPU check of issue 7 (backend=cuda), sized to finish in about 8 minutes on
+# one GPU. Run it from anywhere on a machine with a CUDA build of torch:
+#
+#   OUT=/some/dir bash scripts/gpu_check.sh
+#
+# 1. the CUDA-only tests (tests/test_hybrid.py -m cuda);
+# 2. hardware=local on this machine: CPU expert table, GPU expert latency at several token
+#    counts with the fitted roofline, pinned host->device bandwidth (written to $OUT);
+# 3. the mini proxy at one budget with gpu_only, fiddler, mixtral_offload and tide,
+#    backend=cuda: each result.json holds the measured tokens/s (timing=measured) and the
+#    modeled tokens/s under the local profile beside it, peak GPU memory, and the token
+#    match rate against the gpu_only run on this GPU (run first: it is the reference);
+# 4. a summary table of the four runs ($OUT/summary.tsv).
+#
+# Everything lands under $OUT (default outputs/gpu_check). Each step has its own time limit
+# so that a hang in one still leaves the others' results.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-outputs/gpu_check}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export HARNESS_CACHE="$OUT/cache"
+export HYDRA_FULL_ERROR=1  # a failure shows its traceback in the step's log
+
+python - > "$OUT/env.txt" 2>&1 <<'EOF'
+import platform, torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
+print("cuda available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(), "memory GB", torch.cuda.get_device_properties(0).total_memory / 1e9)
+print("cpu threads", torch.get_num_threads())
+EOF
+cat "$OUT/env.txt"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+
+echo "== 1. CUDA tests"
+timeout 150 python -m pytest tests/test_hybrid.py -q -m cuda -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
+echo "pytest exit $?"; tail -3 "$OUT/pytest_cuda.txt"
+
+COMMON=(model=mini budget=10GB decode.gen_length=32 limit_prompts=2 backend=cuda show_text=false
+        tracking.enabled=false hardware=local "hardware.profile_path=$OUT/local_profile.json")
+echo "== 2+3. hardware=local, then the four systems (backend=cuda)"
+for system in gpu_only fiddler mixtral_offload tide; do
+  timeout 120 python -m harness "system=$system" "${COMMON[@]}" "hydra.run.dir=$OUT/runs/$system" \
+    > "$OUT/$system.log" 2>&1
+  echo "$system exit $?"; grep -E "^\[$system\]|error" "$OUT/$system.log" | tail -2
+done
+
+echo "== 4. summary"
+python - "$OUT" <<'EOF' | tee "$OUT/summary.tsv"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+keys = ["tokens_per_s", "modeled_tokens_per_s", "wall_tokens_per_s", "token_match_rate", "first_diff_position",
+        "miss_rate", "cpu_expert_tokens", "io_gb", "gpu_peak_mem_gb", "gpu_expert_pool_bytes",
+        "measured_gpu_experts_s", "measured_cpu_experts_s", "experts_per_layer"]
+print("\t".join(["system", "timing", *keys]))
+for system in ("gpu_only", "fiddler", "mixtral_offload", "tide"):
+    path = out / "runs" / system / "result.json"
+    if not path.exists():
+        print(f"{system}\tmissing")
+        continue
+    r = json.loads(path.read_text())
+    m = r["metrics"]
+    print("\t".join([system, r["timing"], *(f"{m[k]:.4g}" if isinstance(m.get(k), float) else str(m.get(k))
+                                             for k in keys)]))
+profile = out / "local_profile.json"
+if profile.exists():
+    for shape, entry in json.loads(profile.read_text())["shapes"].items():
+        print(f"# profile {shape}: gpu={entry.get('gpu')} gpu_table_s={entry.get('gpu_table_seconds')}")
+EOF
