@@ -4,8 +4,11 @@
 
 For every system, replays a routing trace through the engine (validation, residency,
 cost model: everything but the numerics) and prints layer-steps per second, the time
-spent inside `System.plan` per layer-step, and, with forward=true, the ratio of that
-planning time to the proxy model's forward time per layer measured in the same process.
+spent inside `System.plan` per layer-step, for the systems with a vectorized replay
+(harness/fast_replay.py: fiddler, tide) its layer-steps per second, its ratio to the
+engine's and whether its summary equals the engine's (`fast_exact`), and, with
+forward=true, the ratio of that planning time to the proxy model's forward time per
+layer measured in the same process.
 Without trace=, a synthetic trace with the model's nominal geometry is used: each step
 routes `tokens` tokens whose expert preferences drift slowly (like real denoising steps).
 Numbers are wall-clock on this machine; compare ratios, not absolute times.
@@ -27,6 +30,7 @@ from harness.cost import CostModel, load_hardware
 from harness.decoding import StepInfo
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
+from harness.fast_replay import fast_path_refusal, fast_replay, summary_differences
 from harness.model import LLaDA2Config, nominal_geometry
 from harness.trace import RoutingTrace
 from systems.registry import SYSTEMS, make_system
@@ -79,12 +83,29 @@ def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
     engine.prepare(trace if system.needs_calibration else None, 32)
     prepare_s = time.perf_counter() - start
     start = time.perf_counter()
-    engine.replay(trace)
+    summary = engine.replay(trace)
     replay_s = time.perf_counter() - start
     layer_steps = len(trace) * trace.n_layers
     return {"system": name, "layer_steps": layer_steps, "layer_steps_per_s": layer_steps / replay_s,
             "plan_ms_per_layer_step": 1e3 * timed.seconds / layer_steps,
-            "engine_ms_per_layer_step": 1e3 * replay_s / layer_steps, "prepare_s": prepare_s}
+            "engine_ms_per_layer_step": 1e3 * replay_s / layer_steps, "prepare_s": prepare_s,
+            **bench_fast(name, trace, geometry, b, cost, summary, layer_steps / replay_s)}
+
+
+def bench_fast(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int, cost: CostModel, engine_summary: dict,
+               engine_rate: float) -> dict:
+    """The vectorized replay (harness/fast_replay.py) of a fresh copy of the system, where
+    it has one: layer-steps/s, the ratio to the engine's, and whether the summaries agree."""
+    system = make_system(name, {})
+    engine = OffloadEngine(system, geometry, b, cost)
+    engine.prepare(trace if system.needs_calibration else None, 32)
+    if fast_path_refusal(engine, trace) is not None:
+        return {"fast_layer_steps_per_s": float("nan"), "fast_vs_engine": float("nan"), "fast_exact": None}
+    start = time.perf_counter()
+    summary = fast_replay(engine, trace)
+    rate = len(trace) * trace.n_layers / (time.perf_counter() - start)
+    return {"fast_layer_steps_per_s": rate, "fast_vs_engine": rate / engine_rate,
+            "fast_exact": not summary_differences(engine_summary, summary)}
 
 
 def forward_ms_per_layer(model_name: str, tokens: int) -> float:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from harness.artifacts import calibration_trace, workload_trace
 from harness.errors import HarnessError
+from harness.fast_replay import replay_fast_or_exact
 from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometry
 from harness.results import write_json_atomic
 from harness.run import build_result, decode_settings, setup_run
@@ -74,7 +75,7 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     engine = setup.engine()
     engine.prepare(calibration, int(trace.meta.get("decode", {}).get("steps", settings.steps)))
     start = time.perf_counter()
-    engine.replay(trace)
+    replay_mode = replay_fast_or_exact(engine, trace).mode  # vectorized for fiddler and tide
     replay_s = time.perf_counter() - start
     counts = {
         "prompts": trace.meta.get("prompts", 0),
@@ -87,5 +88,6 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     result = build_result(cfg, setup, engine, counts, source="trace", weights=trace.meta.get("weights", "?"),
                           checkpoint=trace.meta.get("checkpoint", "?"))
     result["trace"] = str(path)
+    result["replay"] = replay_mode
     write_json_atomic(run_dir / "result.json", result)
     return result

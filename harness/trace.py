@@ -48,8 +48,10 @@ class RoutingTrace:
     meta: dict[str, Any] = field(default_factory=dict)
     _loads: list[torch.Tensor] = field(default_factory=list, repr=False)
     _hints: list[torch.Tensor | None] = field(default_factory=list, repr=False)
+    _stacked: torch.Tensor | None = field(default=None, repr=False)  # `loads`, until the next change
 
     def add_step(self, step: StepInfo, n_tokens: int = 0, n_context: int = 0) -> None:
+        self._stacked = None
         self.steps.append(step)
         self.n_tokens.append(n_tokens)
         self.n_context.append(n_context)
@@ -58,6 +60,7 @@ class RoutingTrace:
 
     def record(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> None:
         """Record one layer's load for the current (last added) step."""
+        self._stacked = None
         self._loads[-1][layer] = load.to(torch.int32)
         if hint is not None:
             if self._hints[-1] is None:
@@ -68,7 +71,9 @@ class RoutingTrace:
     def loads(self) -> torch.Tensor:
         if not self._loads:
             return torch.zeros(0, self.n_layers, self.n_experts, dtype=torch.int32)
-        return torch.stack(self._loads)
+        if self._stacked is None:
+            self._stacked = torch.stack(self._loads)
+        return self._stacked
 
     @property
     def has_hints(self) -> bool:
@@ -149,6 +154,8 @@ class RoutingTrace:
                             KINDS[int(kind[i])])
             trace.add_step(info, int(tokens[i]), int(context[i]))
             trace._loads[-1] = loads[i].clone()
+            trace._stacked = None
             if hints is not None:
                 trace._hints[-1] = hints[i].clone()
+        trace._stacked = loads
         return trace

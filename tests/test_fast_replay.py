@@ -1,0 +1,272 @@
+"""The vectorized replay (harness/fast_replay.py) gives the engine's summary, system report
+and residency (ints equal, floats to 1e-9 relative, and in fact bit for bit with this
+torch), and the engine replays whatever it does not support."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from harness.artifacts import record_trace
+from harness.bench import synthetic_trace
+from harness.cli_check import compose_checked
+from harness.config import register_configs
+from harness.cost import CostModel, ForwardTimeline, HardwareConfig, expert_shape
+from harness.engine import OffloadEngine
+from harness.fast_replay import fast_path_refusal, forward_times, replay_fast_or_exact, summary_differences
+from harness.fast_replay_ops import (
+    constant_row_sums,
+    pack,
+    popcount,
+    refresh_bits,
+    running_sum,
+    top_b,
+    torch_row_sums,
+    unpack,
+)
+from harness.model import load_model, nominal_geometry
+from harness.run import decode_settings, run_job
+from harness.tau_solver import refresh_residency, top_b_mask
+from harness.trace import RoutingTrace
+from systems.registry import make_system
+from systems.tide import Tide
+
+register_configs()
+
+VARIANTS = {
+    "fiddler": ("fiddler", {}),
+    "tide-1": ("tide", {"tau": 1}),
+    "tide-3": ("tide", {"tau": 3}),
+    "tide-auto": ("tide", {"tau": "auto"}),
+    "tide-random": ("tide", {"tau": "random", "steps_per_block": 8, "seed": 3}),
+    "tide-1-async": ("tide", {"tau": 1, "migration": "async"}),
+    "tide-3-async": ("tide", {"tau": 3, "migration": "async"}),
+    "tide-auto-async": ("tide", {"tau": "auto", "migration": "async"}),
+    "tide-random-async": ("tide", {"tau": "random", "steps_per_block": 8, "migration": "async"}),
+}
+# 24: every refresh fills the budget; 200: more room than routed experts, so refreshes
+# demote only some of the non-target residents (refresh_bits' partial rows)
+BUDGETS = (24, 200)
+
+
+def geometry(model: str):
+    return nominal_geometry(compose_checked([f"model={model}"]).model)
+
+
+def varied_cost_hardware(g) -> HardwareConfig:
+    """A measured CPU table (as hardware=local writes) and a slow GPU: expert times differ
+    with the load on both devices, so seconds are summed value by value, not per count."""
+    hw = HardwareConfig(name="varied", gpu_bf16_tflops=0.5, cpu_table_shape=expert_shape(g),
+                        cpu_table_tokens=[1, 2, 4, 16], cpu_table_seconds=[3e-4, 3.5e-4, 6e-4, 2e-3])
+    cost = CostModel(g, hw)
+    assert cost.gpu_expert_time(1) != cost.gpu_expert_time(2) and cost.cpu_expert_time(1) != cost.cpu_expert_time(2)
+    return hw
+
+
+def replay_both(name, options, g, budget, cost, trace, calibration=None):
+    """(engine, fast) x (summary, report, residency, mode) of fresh systems over `trace`."""
+    out = []
+    for allow_fast in (False, True):
+        system = make_system(name, options)
+        engine = OffloadEngine(system, g, budget, cost)
+        engine.prepare(calibration or trace if system.needs_calibration else None, 8)
+        summary, mode = replay_fast_or_exact(engine, trace, allow_fast=allow_fast)
+        out.append((summary, system.report(), [sorted(s) for s in engine.resident], mode))
+    return out
+
+
+def assert_same_replay(engine_run, fast_run):
+    assert engine_run[3] == "engine" and fast_run[3] == "fast"
+    assert summary_differences(engine_run[0], fast_run[0]) == []
+    assert fast_run[1] == engine_run[1]  # refreshes, migrated experts, tau per block, tau* ...
+    assert fast_run[2] == engine_run[2]  # residency left on the engine
+
+
+@pytest.fixture(scope="module")
+def tiny_synthetic():
+    g = geometry("tiny")
+    return g, synthetic_trace(g, steps=40, tokens=16, block=8, seed=1)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fast_replay_equals_engine_on_a_synthetic_trace(variant, budget, tiny_synthetic):
+    g, trace = tiny_synthetic
+    name, options = VARIANTS[variant]
+    engine_run, fast_run = replay_both(name, options, g, budget, CostModel(g, HardwareConfig()), trace)
+    assert_same_replay(engine_run, fast_run)
+    assert fast_run[0]["missed_pairs"] > 0  # the comparison is not vacuous
+    if name == "tide":  # weights moved, by the copies the migration option names
+        assert fast_run[1]["migrated_experts"] > 0
+        assert (fast_run[0]["copies_sync"] > 0) == (options.get("migration", "sync") == "sync")
+    else:
+        assert fast_run[0]["copies_scratch"] + fast_run[0]["cpu_expert_tokens"] > 0
+
+
+@pytest.mark.parametrize("variant", ["fiddler", "tide-3", "tide-1-async", "tide-random"])
+def test_fast_replay_equals_engine_over_many_layers_and_varied_expert_times(variant):
+    g = geometry("mini")  # 19 MoE layers: the timeline runs layer after layer
+    trace = synthetic_trace(g, steps=20, tokens=24, block=8, seed=2)
+    name, options = VARIANTS[variant]
+    engine_run, fast_run = replay_both(name, options, g, 64, CostModel(g, varied_cost_hardware(g)), trace)
+    assert_same_replay(engine_run, fast_run)
+
+
+@pytest.fixture(scope="module")
+def recorded_tiny(tmp_path_factory, proxy_cache, tiny_dir):
+    """A gpu_only trace of the tiny proxy (prefill, denoise and commit forwards), saved and
+    loaded back, and a second one of another prompt as calibration."""
+    overrides = ["model=tiny", "decode.gen_length=16", "decode.block_length=8", "decode.steps=8",
+                 f"cache_dir={proxy_cache}", "tracking.enabled=false"]
+    cfg = compose_checked(overrides)
+    loaded = load_model(cfg.model, cfg.cache_dir)
+    settings = decode_settings(cfg)
+    out = tmp_path_factory.mktemp("recorded")
+    paths = []
+    for name, prompt in (("trace", "Write a function that reverses a list."), ("calibration", "Sort a dict.")):
+        trace, _ = record_trace(loaded, cfg, [prompt], settings, name)
+        paths.append(trace.save(out / f"{name}.npz"))
+    return overrides, paths[0], RoutingTrace.load(paths[0]), RoutingTrace.load(paths[1])
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fast_replay_equals_engine_on_a_recorded_trace(variant, budget, recorded_tiny):
+    _, _, trace, calibration = recorded_tiny
+    assert {s.kind for s in trace.steps} == {"prefill", "denoise", "commit"}
+    g = geometry("tiny")
+    name, options = VARIANTS[variant]
+    engine_run, fast_run = replay_both(name, options, g, budget, CostModel(g, HardwareConfig()), trace, calibration)
+    assert_same_replay(engine_run, fast_run)
+
+
+@pytest.mark.parametrize("variant", ["fiddler", "tide-auto", "tide-3-async"])
+def test_fast_replay_is_bit_identical_with_this_torch(variant, recorded_tiny):
+    """Not only 1e-9: each layer's seconds are summed as torch sums them and each counter in
+    the engine's order, so live/replay parity (tests/test_replay.py) can compare with ==."""
+    _, _, trace, calibration = recorded_tiny
+    g = geometry("tiny")
+    name, options = VARIANTS[variant]
+    engine_run, fast_run = replay_both(name, options, g, 24, CostModel(g, varied_cost_hardware(g)), trace,
+                                       calibration)
+    assert summary_differences(engine_run[0], fast_run[0], rel=0.0) == []
+
+
+def test_run_replay_records_which_replay_ran(recorded_tiny, tmp_path):
+    overrides, path, _, _ = recorded_tiny
+    for system, mode in (("tide", "fast"), ("mixtral_offload", "engine")):
+        cfg = compose_checked([*overrides, f"system={system}", "source=trace", f"trace.path={path}",
+                               "budget=custom", "budget.experts_per_layer=24"])
+        result = run_job(cfg, tmp_path / system)
+        assert result["replay"] == mode
+        assert result["metrics"]["layer_steps_per_s"] > 0 and result["metrics"]["routed_pairs"] > 0
+
+
+# ---- fallbacks ------------------------------------------------------------------------
+class PickyTide(Tide):
+    """A subclass may decide differently: the fast path must not assume it does not."""
+
+
+def test_unsupported_engines_replay_through_the_engine(tiny_synthetic):
+    g, trace = tiny_synthetic
+    cost = CostModel(g, HardwareConfig())
+    cases = {
+        "mixtral_offload": OffloadEngine(make_system("mixtral_offload", {}), g, 24, cost),
+        "subclass": OffloadEngine(PickyTide(tau=2), g, 24, cost),
+        "recording": OffloadEngine(make_system("tide", {"tau": 2}), g, 24, cost, trace=RoutingTrace(2, 256)),
+    }
+    for label, engine in cases.items():
+        engine.prepare(None, 8)
+        assert fast_path_refusal(engine, trace) is not None, label
+        summary, mode = replay_fast_or_exact(engine, trace)
+        assert mode == "engine" and summary["forwards"] == len(trace), label
+    unprepared = OffloadEngine(make_system("tide", {"tau": 2}), g, 24, cost)
+    with pytest.raises(RuntimeError, match="prepare"):  # the engine's own error, not the fast path's
+        replay_fast_or_exact(unprepared, trace)
+
+
+# ---- the twins of the engine's pieces --------------------------------------------------
+def test_top_b_and_refresh_bits_agree_with_tau_solver():
+    rng = np.random.default_rng(0)
+    n_experts, partial_rows = 70, 0  # not a multiple of 64: packing pads
+    for trial in range(300):
+        capacity = int(rng.choice([0, 1, 5, 20, 40, 69, 70]))
+        load = rng.integers(0, int(rng.choice([2, 4, 30])), size=(6, n_experts))  # many ties
+        resident = np.zeros((6, n_experts), bool)
+        for row in resident:
+            row[rng.permutation(n_experts)[: rng.integers(0, capacity + 1)]] = True
+        target = top_b(load, capacity)
+        assert np.array_equal(target, top_b_mask(torch.from_numpy(load), capacity).numpy()), trial
+        packed_target = pack(target)
+        after = refresh_bits(pack(resident), packed_target, target.sum(-1), capacity, n_experts)
+        expected = refresh_residency(torch.from_numpy(resident), torch.from_numpy(load), capacity).numpy()
+        assert np.array_equal(unpack(after, n_experts).view(bool), expected), trial
+        n_demote = (target & ~resident).sum(-1) - (capacity - resident.sum(-1))
+        partial_rows += int(((n_demote > 0) & (target.sum(-1) < capacity)).sum())
+    assert partial_rows > 20  # the partial-demotion path ran, not only the two shortcuts
+
+
+def test_popcount_without_numpy_bitwise_count(monkeypatch):
+    words = pack(np.random.default_rng(3).random((5, 3, 200)) < 0.4)
+    expected = popcount(words)
+    monkeypatch.delattr(np, "bitwise_count", raising=False)
+    assert np.array_equal(popcount(words), expected)
+    assert np.array_equal(expected, unpack(words, 200).sum(-1))
+
+
+def test_row_sums_are_torch_sums_of_each_run():
+    rng = np.random.default_rng(2)
+    lengths = np.concatenate([rng.integers(0, 300, 400), np.full(3000, 40), [1] * 50])  # > torch's grain per length
+    values = rng.uniform(1e-6, 1e-3, int(lengths.sum()))
+    starts = np.cumsum(lengths) - lengths
+    expected = [float(torch.from_numpy(values[a : a + k].copy()).sum()) for a, k in zip(starts, lengths, strict=True)]
+    assert torch_row_sums(values, lengths).tolist() == expected
+    assert constant_row_sums(3.3e-5, lengths).tolist() == [float(torch.from_numpy(np.full(k, 3.3e-5)).sum())
+                                                          for k in lengths.tolist()]
+    total = 0.1
+    for v in values[:500].tolist():
+        total += v
+    assert running_sum(0.1, values[:500]) == total
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_forward_times_follow_the_forward_timeline(overlap):
+    g = geometry("tiny")
+    cost = CostModel(g, HardwareConfig())
+    rng = np.random.default_rng(1)
+    n, n_layers = 12, g.n_moe_layers
+    gpu_s, cpu_s = rng.uniform(0, 1e-4, (n, n_layers)), rng.uniform(0, 2e-4, (n, n_layers))  # ~ copy_time(10)
+    n_sync, n_async = rng.integers(0, 3, (n, n_layers)), rng.integers(0, 60, (n, n_layers))
+    parts = [cost.non_expert_breakdown(8 + s, 40 + s) for s in range(n)]
+    split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts])
+    times = forward_times(split, gpu_s, cpu_s, n_sync, n_async, cost.copy_time(1), overlap)
+    assert times.drain_s.max() > 0 and times.copies_s.max() > 0  # async copies outlast some forwards
+    for s in range(n):  # op for op: the same floats, not merely close ones
+        timeline = ForwardTimeline(cost, 8 + s, 40 + s)
+        for layer in range(n_layers):
+            timing = timeline.charge_layer(layer, gpu_s[s, layer], cpu_s[s, layer], int(n_sync[s, layer]), [],
+                                           [(layer, e) for e in range(n_async[s, layer])], overlap)
+            assert (timing.copies_s, timing.cpu_s) == (times.copies_s[s, layer], times.cpu_exposed_s[s, layer])
+        assert (timeline.finish(), timeline.drain_s) == (times.total_s[s], times.drain_s[s])
+
+
+def test_summary_differences_catches_what_the_tests_rely_on(tiny_synthetic):
+    g, trace = tiny_synthetic
+    engine = OffloadEngine(make_system("tide", {"tau": 2}), g, 24, CostModel(g, HardwareConfig()))
+    engine.prepare(None, 8)
+    summary = engine.replay(trace)
+    assert summary_differences(summary, dict(summary)) == []
+    tweaks = {
+        "missed_pairs": summary["missed_pairs"] + 1,
+        "modeled_time_s": summary["modeled_time_s"] * (1 + 1e-8),
+        "copies_sync": float(summary["copies_sync"]),  # an int must stay an int
+    }
+    for key, value in tweaks.items():
+        assert summary_differences(summary, {**summary, key: value}) == [key]
+    assert summary_differences(summary, {**summary, "time_copies_s": summary["time_copies_s"] * (1 + 1e-12)}) == []
+    series = [dict(s) for s in summary["step_series"]]
+    series[3]["modeled_latency_s"] *= 1.001
+    assert summary_differences(summary, {**summary, "step_series": series}) == ["step_series[3].modeled_latency_s"]
+    assert summary_differences(summary, {**summary, "step_series": series[:-1]})
+
