@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness.cli_check import precheck
+from harness.cli_check import precheck, quote_numeric_groups
 from harness.config import register_configs
 from harness.errors import HarnessError
 
@@ -50,6 +50,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def entry() -> None:
+    sys.argv[1:] = quote_numeric_groups(sys.argv[1:])
     try:
         precheck(sys.argv[1:])
     except HarnessError as exc:

@@ -26,6 +26,21 @@ _FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--c
 _SKIP_ALL = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 
 
+NUMERIC_GROUPS = ("block",)  # config groups whose option names are numbers
+
+
+def quote_numeric_groups(argv: list[str]) -> list[str]:
+    """`block=64` -> `block='64'`: Hydra parses 64 as an int and refuses it as a group
+    option, so the numeric option names of these groups are quoted (sweeps too)."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+~") in NUMERIC_GROUPS and re.fullmatch(r"[0-9]+(,[0-9]+)*", value):
+            arg = f"{key}=" + ",".join(f"'{v}'" for v in value.split(","))
+        out.append(arg)
+    return out
+
+
 def user_overrides(argv: list[str]) -> list[str] | None:
     """The overrides in argv that compose the job config; None when Hydra will not run a job."""
     out, skip_next = [], False

@@ -14,7 +14,12 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from harness.budget import BudgetConfig
+from harness.cost import HardwareConfig
 from harness.errors import HarnessError
+from harness.hybrid.backend import check_backend
+from harness.topology import TopologyConfig, check_config
+from harness.tracking import TrackingConfig
 
 
 @dataclass
@@ -52,6 +57,12 @@ class CalibrationConfig:
 
 
 @dataclass
+class TraceConfig:
+    path: str | None = None  # replay: a trace.npz; null = the cached trace of this model/workload/decode
+    record: bool = False  # live: also save trace.npz (+ calibration.npz) into the run dir
+
+
+@dataclass
 class SystemConfig:
     """Generic system node; each system also registers its own schema (systems/registry)."""
 
@@ -65,16 +76,23 @@ class HarnessConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     system: Any = MISSING
-    budget: Any = None
-    hardware: Any = None
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
     cache_dir: str = "outputs/cache"
     limit_prompts: int | None = None
     show_text: bool = True
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    source: str = "live"  # live: decode with the model | trace: replay a routing trace (harness/replay.py)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    resume: bool = False  # skip jobs whose result exists for the same config hash (harness/resume.py)
+    backend: str = "auto"  # auto | cpu | cuda (harness/hybrid): where a live run executes its experts
 
 
 MODEL_NAMES = ("tiny", "mini", "flash")
 DTYPES = ("float32", "bfloat16")
 CACHE_MODES = ("prefix", "none")
+SOURCES = ("live", "trace")
 
 
 def register_configs() -> None:
@@ -84,25 +102,11 @@ def register_configs() -> None:
 
 
 def _register_optional_groups(cs: ConfigStore) -> None:
-    """Groups whose schemas live with the code that uses them."""
-    try:
-        from systems.registry import SYSTEM_CONFIGS
-    except ImportError:  # pragma: no cover - during bootstrap only
-        SYSTEM_CONFIGS = {}
+    """Each system's options are validated by its own dataclass (systems/registry)."""
+    from systems.registry import SYSTEM_CONFIGS
+
     for name, node in SYSTEM_CONFIGS.items():
         cs.store(group="system", name=f"{name}_schema", node=node)
-    try:
-        from harness.budget import BudgetConfig
-
-        cs.store(group="budget", name="budget_schema", node=BudgetConfig)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from harness.cost import HardwareConfig
-
-        cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
-    except ImportError:  # pragma: no cover
-        pass
 
 
 def _require(ok: bool, message: str) -> None:
@@ -129,8 +133,11 @@ def validate(cfg: DictConfig) -> None:
     )
     _require(0 < d.threshold <= 1, f"decode.threshold={d.threshold} must be in (0, 1]")
     _require(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0 (0 = argmax)")
+    _require(cfg.source in SOURCES, f"source={cfg.source!r} is not allowed; use live or trace")
     _require(d.cache in CACHE_MODES, f"decode.cache={d.cache!r} is not allowed; use prefix or none")
     _require(
         cfg.limit_prompts is None or cfg.limit_prompts > 0,
         f"limit_prompts={cfg.limit_prompts} must be positive or null",
     )
+    check_backend(cfg.get("backend", "auto"))  # cuda without a GPU is a one-line error
+    check_config(cfg)  # topology values, and ep_linear/gem only with topology=multi (and vice versa)

@@ -29,7 +29,11 @@ from harness.config import validate
 from harness.cost import CostModel, HardwareConfig, load_hardware
 from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode
 from harness.engine import OffloadEngine
-from harness.lossless import compare_tokens, store_reference
+from harness.hybrid.backend import resolve_backend
+from harness.hybrid.executor import HybridExecutor, apply_measured
+from harness.hybrid.placement import wrap
+from harness.hybrid.wiring import load_on_cuda, reference_engine, reference_key
+from harness.lossless import compare_tokens, load_reference, store_reference
 from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nominal_geometry
 from harness.results import write_json_atomic
 from harness.topology import SINGLE, Topology, build_topology
@@ -111,16 +115,19 @@ class EngineHook:
         self.engine.end_step()
 
 
-def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine, prompts: list[str], settings: DecodeSettings,
-                       desc: str) -> DecodeBatch:
-    hook = EngineHook(engine)
+def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecutor, prompts: list[str],
+                       settings: DecodeSettings, desc: str) -> DecodeBatch:
+    runner = wrap(loaded.model, engine)  # a HybridExecutor when the model is on a GPU (backend=cuda)
+    hook = EngineHook(runner)
     previous = loaded.model.engine
-    loaded.model.engine = engine
+    loaded.model.engine = runner
     try:
         return decode_prompts(loaded, prompts, settings, on_forward=hook, desc=desc)
     finally:
         hook.close()
         loaded.model.engine = previous
+        if runner is not engine:  # made here (calibration, reference): free its device slots
+            runner.close()
 
 
 def system_options(cfg: DictConfig) -> dict[str, Any]:
@@ -173,8 +180,9 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
     settings = decode_settings(cfg)
     setup = setup_run(cfg, nominal_geometry(cfg.model))
+    backend = resolve_backend(cfg.get("backend", "auto"))
     t0 = time.perf_counter()
-    loaded = load_model(cfg.model, cfg.cache_dir)
+    loaded = load_model(cfg.model, cfg.cache_dir) if backend == "cpu" else load_on_cuda(cfg)
     load_s = time.perf_counter() - t0
 
     def model() -> LoadedModel:
@@ -185,14 +193,25 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if setup.system.needs_calibration or record:
         calibration = calibration_trace(cfg, settings, model)
     ref_key, reference = reference_tokens(cfg, settings, prompts)
+    if backend == "cuda":  # the reference is gpu_only on this GPU: CPU kernels round differently
+        ref_key = reference_key(ref_key, backend)
+        reference = load_reference(cfg.cache_dir, ref_key)
     if reference is None and setup.system.name != "gpu_only":
-        reference = [o.generated for o in decode_prompts(loaded, prompts, settings, desc="reference").outputs]
+        if backend == "cuda":
+            ref_batch = decode_with_engine(loaded, reference_engine(loaded, setup.cost, settings.steps), prompts,
+                                           settings, desc="reference")
+        else:
+            ref_batch = decode_prompts(loaded, prompts, settings, desc="reference")
+        reference = [o.generated for o in ref_batch.outputs]
         store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
 
     trace = new_trace(loaded, cfg, settings, "workload") if record else None
     engine = setup.engine(trace)
     engine.prepare(calibration if setup.system.needs_calibration else None, settings.steps)
-    batch = decode_with_engine(loaded, engine, prompts, settings, desc=setup.system.name)
+    runner = wrap(loaded.model, engine)  # kept here: its measured figures go into the result
+    batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
+    if isinstance(runner, HybridExecutor):
+        runner.close()
     tokens = [o.generated for o in batch.outputs]
     if reference is None:  # this gpu_only run is the reference
         reference = tokens
@@ -212,6 +231,9 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     first = batch.outputs[0]
     result = build_result(cfg, setup, engine, counts, source="live", weights=loaded.weights,
                           checkpoint=str(loaded.path))
+    result["backend"] = backend
+    if isinstance(runner, HybridExecutor):  # timing=measured; the modeled figures stay beside it
+        apply_measured(result, runner.summary(), backend)
     result.update(
         outputs=[{"prompt_tokens": len(o.prompt_ids), "tokens": o.generated, "n_generated": o.n_generated,
                   "stopped_at_eos": o.stopped_at_eos} for o in batch.outputs],
@@ -276,13 +298,15 @@ def summary_lines(result: dict[str, Any], show_text: bool = True) -> list[str]:
     tau = f" tau*={m['tau_star']:g}" if "tau_star" in m else ""
     lossless = (f"lossless={m['lossless']} (match {100 * m['token_match_rate']:.1f}%)" if "lossless" in m
                 else "lossless=n/a (replay: no numerics)")
+    speed = f"{result['timing']} {m['tokens_per_s']:.1f} tokens/s"
+    if "modeled_tokens_per_s" in m:  # a measured run also reports the model's prediction
+        speed += f", modeled {m['modeled_tokens_per_s']:.1f}"
+    speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({result['source']})"
     lines = [
         f"[{result['system']}] model={result['model']} ({result['weights']} weights) budget={b['name']} "
         f"B={b['experts_per_layer']} cache={result['decode_cache']} hardware={result['hardware']}: "
-        f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | "
-        f"modeled {m['tokens_per_s']:.1f} tokens/s" + (f", wall {m['wall_tokens_per_s']:.1f} tokens/s" if
-                                                        "wall_tokens_per_s" in m else f" ({result['source']})")
-        + f" | miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens {m['cpu_expert_tokens']}"
+        f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | {speed} | "
+        f"miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens {m['cpu_expert_tokens']}"
         f"{tau} | {lossless}"
     ]
     if show_text and "first_text" in result:
