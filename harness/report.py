@@ -31,7 +31,7 @@ from harness.results import read_json
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
-SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "tide", "oracle"]
+SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide_adaptive", "oracle", "ep_linear", "gem"]
 BASELINES = ("fiddler", "mixtral_offload")
 TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "tau_star", "lossless"]
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
