@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.model.config import LLaDA2Config
-from harness.model.experts import ExpertEngine, ExpertWeights, LocalExperts, swiglu
+from harness.model.experts import ExpertBank, ExpertEngine, ExpertWeights, LocalExperts, swiglu
 
 
 class RMSNorm(nn.Module):
@@ -204,7 +204,7 @@ class LLaDA2Model(nn.Module):
         """Cache (gate, up, down) tuples per expert so the engine loops over plain tensors."""
         for layer in self.model.layers:
             if isinstance(layer.mlp, MoE):
-                layer.mlp.expert_weights = [m.weights() for m in layer.mlp.experts]
+                layer.mlp.expert_weights = ExpertBank(m.weights() for m in layer.mlp.experts)
 
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
