@@ -12,11 +12,12 @@ activations, the KV cache and the runtime. The paper's settings pin B instead
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
+from harness.structured import as_dataclass
 
 GB = 1e9
 BYTES_PER_PARAM = 2
@@ -51,21 +52,6 @@ class Budget:
         return asdict(self)
 
 
-def _as_budget_config(cfg: Any) -> BudgetConfig:
-    if isinstance(cfg, BudgetConfig):
-        return cfg
-    from omegaconf import OmegaConf  # only Hydra callers pass a DictConfig
-
-    raw = OmegaConf.to_object(cfg) if OmegaConf.is_config(cfg) else dict(cfg)
-    if isinstance(raw, BudgetConfig):
-        return raw
-    known = {f.name for f in fields(BudgetConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise HarnessError(f"unknown budget key(s) {unknown}; known: {sorted(known)}")
-    return BudgetConfig(**raw)
-
-
 def _check_values(cfg: BudgetConfig, n_experts: int) -> None:
     if not cfg.gpu_gb > 0:
         raise HarnessError(f"budget.gpu_gb must be > 0 (got {cfg.gpu_gb}); set e.g. budget.gpu_gb=12")
@@ -88,7 +74,7 @@ def _check_values(cfg: BudgetConfig, n_experts: int) -> None:
 
 def resolve_budget(cfg: Any, geometry: LLaDA2Config) -> Budget:
     """B for this model under this budget, with the figures a run logs."""
-    cfg = _as_budget_config(cfg)
+    cfg = as_dataclass(cfg, BudgetConfig, "budget")
     _check_values(cfg, geometry.num_experts)
     non_expert = geometry.non_expert_bytes(BYTES_PER_PARAM)
     expert = geometry.expert_bytes(BYTES_PER_PARAM)

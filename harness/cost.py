@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ import torch
 
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
+from harness.structured import as_dataclass
 
 BYTES_PER_PARAM = 2  # bf16 weights everywhere in the model
 # Kernel launches charged per component (eager PyTorch): qkv, QK-norm+rope, attention,
@@ -325,26 +326,11 @@ class ForwardTimeline:
         return self.clock
 
 
-def _as_hardware_config(cfg_hw: Any) -> HardwareConfig:
-    if isinstance(cfg_hw, HardwareConfig):
-        return cfg_hw
-    from omegaconf import OmegaConf  # only Hydra callers pass a DictConfig
-
-    raw = OmegaConf.to_object(cfg_hw) if OmegaConf.is_config(cfg_hw) else dict(cfg_hw)
-    if isinstance(raw, HardwareConfig):
-        return raw
-    known = {f.name for f in fields(HardwareConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise HarnessError(f"unknown hardware key(s) {unknown}; known: {sorted(known)}")
-    return HardwareConfig(**raw)
-
-
 def load_hardware(cfg_hw: Any, geometry: LLaDA2Config) -> HardwareConfig:
     """The profile a run is charged with: `cfg_hw` itself for a static profile; for one
     with `profile_path` (hardware=local) the measured figures, profiling this machine
     first when the file (or this expert shape in it) is missing and profile_if_missing."""
-    hw = _as_hardware_config(cfg_hw)
+    hw = as_dataclass(cfg_hw, HardwareConfig, "hardware")
     hw.validate()
     if not hw.profile_path:
         return hw

@@ -58,6 +58,20 @@ def parse_tau(tau: object) -> int | str | None:
     return value
 
 
+def refresh_plan(now: torch.Tensor, load: torch.Tensor, capacity: int, migration: str) -> LayerPlan:
+    """A refresh: promote this step's top-B, demote only as many residents as needed.
+    sync: copies land before the layer and the promoted experts compute on the GPU;
+    async: hits run on the GPU, everything else on the CPU while the copies proceed."""
+    routed = load > 0
+    after = refresh_residency(now, load, capacity)
+    promote = torch.nonzero(after & ~now).flatten().tolist()
+    demote = torch.nonzero(now & ~after).flatten().tolist()
+    if migration == "sync":
+        return LayerPlan(gpu=routed & after, cpu=routed & ~after, fetch_sync=promote, evict=demote)
+    kept = now & after
+    return LayerPlan(gpu=routed & kept, cpu=routed & ~kept, fetch_async=promote, evict=demote)
+
+
 class Tide(System):
     name = "tide"
     overlap = True
@@ -123,14 +137,9 @@ class Tide(System):
         now[list(resident)] = True
         if not self.refreshing:
             return LayerPlan(gpu=routed & now, cpu=routed & ~now)
-        after = refresh_residency(now, load, self.capacity)
-        promote = torch.nonzero(after & ~now).flatten().tolist()
-        demote = torch.nonzero(now & ~after).flatten().tolist()
-        self.migrated += len(promote)
-        if self.migration == "sync":
-            return LayerPlan(gpu=routed & after, cpu=routed & ~after, fetch_sync=promote, evict=demote)
-        kept = now & after
-        return LayerPlan(gpu=routed & kept, cpu=routed & ~kept, fetch_async=promote, evict=demote)
+        plan = refresh_plan(now, load, self.capacity, self.migration)
+        self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
+        return plan
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {

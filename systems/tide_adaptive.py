@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 from harness.errors import HarnessError
-from harness.tau_solver import refresh_residency, top_b_mask
+from harness.tau_solver import top_b_mask
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
-from systems.tide import MIGRATIONS
+from systems.tide import MIGRATIONS, refresh_plan
 
 
 @dataclass
@@ -170,14 +170,9 @@ class TideAdaptive(System):
         self.tally.layers += 1
 
     def _refresh(self, load: torch.Tensor, routed: torch.Tensor, now: torch.Tensor) -> LayerPlan:
-        after = refresh_residency(now, load, self.capacity)
-        promote = torch.nonzero(after & ~now).flatten().tolist()
-        demote = torch.nonzero(now & ~after).flatten().tolist()
-        self.migrated += len(promote)
-        if self.migration == "sync":
-            return LayerPlan(gpu=routed & after, cpu=routed & ~after, fetch_sync=promote, evict=demote)
-        kept = now & after
-        return LayerPlan(gpu=routed & kept, cpu=routed & ~kept, fetch_async=promote, evict=demote)
+        plan = refresh_plan(now, load, self.capacity, self.migration)
+        self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
+        return plan
 
     def report(self) -> dict[str, Any]:
         self._close_step()
