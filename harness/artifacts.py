@@ -22,13 +22,11 @@ from omegaconf import DictConfig
 
 from harness.cost import CostModel, HardwareConfig
 from harness.decoding import DecodeSettings
-from harness.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.lossless import load_reference, store_reference
 from harness.model.proxy import proxy_dir
 from harness.results import fingerprint
 from harness.trace import RoutingTrace
-from systems.registry import make_system
 
 if TYPE_CHECKING:
     from harness.model import LoadedModel
@@ -60,12 +58,12 @@ def new_trace(loaded: LoadedModel, cfg: DictConfig, settings: DecodeSettings, pu
 def record_trace(loaded: LoadedModel, cfg: DictConfig, prompts: list[str], settings: DecodeSettings,
                  purpose: str) -> tuple[RoutingTrace, DecodeBatch]:
     """Decode with every expert in place and record the routing (with hints)."""
+    from harness.hybrid.wiring import all_gpu_engine
     from harness.run import decode_with_engine
 
     g = loaded.nominal
     trace = new_trace(loaded, cfg, settings, purpose)
-    engine = OffloadEngine(make_system("gpu_only", {}), g, g.num_experts, CostModel(g, HardwareConfig()), trace=trace)
-    engine.prepare(None, settings.steps)
+    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), settings.steps, trace=trace)
     batch = decode_with_engine(loaded, engine, prompts, settings, desc=purpose)
     describe_batch(trace, batch)
     return trace, batch

@@ -32,7 +32,7 @@ from harness.engine import OffloadEngine
 from harness.hybrid.backend import resolve_backend
 from harness.hybrid.executor import HybridExecutor, apply_measured
 from harness.hybrid.placement import wrap
-from harness.hybrid.wiring import load_on_cuda, reference_engine, reference_key
+from harness.hybrid.wiring import all_gpu_engine, load_on_cuda, reference_key
 from harness.lossless import compare_tokens, load_reference, store_reference
 from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nominal_geometry
 from harness.results import write_json_atomic
@@ -198,7 +198,7 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         reference = load_reference(cfg.cache_dir, ref_key)
     if reference is None and setup.system.name != "gpu_only":
         if backend == "cuda":
-            ref_batch = decode_with_engine(loaded, reference_engine(loaded, setup.cost, settings.steps), prompts,
+            ref_batch = decode_with_engine(loaded, all_gpu_engine(loaded, setup.cost, settings.steps), prompts,
                                            settings, desc="reference")
         else:
             ref_batch = decode_prompts(loaded, prompts, settings, desc="reference")

@@ -279,6 +279,8 @@ class HybridExecutor:
             "gpu_peak_mem_gb": peak / 1e9,
             "gpu_expert_pool_bytes": self.pool_bytes,
             "gpu_non_expert_bytes": self.placement.non_expert_bytes,
+            "host_experts_pinned": int(self.placement.host_pinned),
+            "host_expert_bytes": self.placement.host_expert_bytes,
             "gpu_slots_high_water": self._high_water(),
         }
 

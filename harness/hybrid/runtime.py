@@ -1,8 +1,10 @@
 """Where the hybrid executor's device work runs: a CUDA GPU, or a CPU stand-in for tests.
 
 Both expose the same small surface, so harness/hybrid/executor.py is one code path:
-- memory: `host_empty` (pinned on CUDA, so copies can be asynchronous DMA) and
-  `device_empty` (the GPU; `purpose` says whether it is a slot pool or a one-use buffer);
+- memory: `host_empty` (pinned on CUDA when asked, so copies can be asynchronous DMA),
+  `device_empty` (the GPU; `purpose` says whether it is a slot pool or a one-use buffer),
+  `device_memory` (free and total device bytes) and `host_available` (host bytes that can
+  still be pinned), which size the placement (harness/hybrid/placement.py, wiring.py);
 - copies: `copy_in` queues host->device copies on the copy stream after an optional
   event and returns the event that marks them landed; `wait` makes the compute stream
   wait for such an event; `release` records an event on the compute stream (everything
@@ -21,11 +23,13 @@ copies, waits, GPU and CPU work.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -50,8 +54,10 @@ class Runtime(Protocol):
     host: torch.device  # where host experts live and CPU experts run
     dtype: torch.dtype | None  # the device dtype (bf16 on CUDA); None keeps the model's
 
-    def host_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor: ...
+    def host_empty(self, shape: Sequence[int], dtype: torch.dtype, pinned: bool = True) -> torch.Tensor: ...
     def device_empty(self, shape: Sequence[int], dtype: torch.dtype, purpose: str) -> torch.Tensor: ...
+    def device_memory(self) -> tuple[int, int] | None: ...
+    def host_available(self) -> int | None: ...
     def copy_in(self, dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], after: Event | None,
                 layer: int, expert: int, tag: str) -> Event: ...
     def wait(self, event: Event, layer: int) -> None: ...
@@ -77,11 +83,20 @@ class CudaRuntime:
         self.compute = torch.cuda.current_stream(self.device)
         self.copies = torch.cuda.Stream(self.device)
 
-    def host_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
+    def host_empty(self, shape: Sequence[int], dtype: torch.dtype, pinned: bool = True) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype, pin_memory=pinned)
 
     def device_empty(self, shape: Sequence[int], dtype: torch.dtype, purpose: str) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+
+    def device_memory(self) -> tuple[int, int] | None:
+        free, total = torch.cuda.mem_get_info(self.device)
+        # memory torch has cached but not handed out is free for our next allocations too
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return int(free + cached), int(total)
+
+    def host_available(self) -> int | None:
+        return host_memory_available()
 
     def copy_in(self, dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], after: Event | None,
                 layer: int, expert: int, tag: str) -> Event:
@@ -132,9 +147,13 @@ class CudaRuntime:
 class StandInRuntime:
     """The CPU playing the device (see the module docstring)."""
 
-    def __init__(self, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, dtype: torch.dtype | None = None, device_bytes: int | None = None,
+                 host_bytes: int | None = None) -> None:
         self.device = self.host = torch.device("cpu")
         self.dtype = dtype
+        # the memory this pretend device and host have (None: no limit), for placement tests
+        self.device_bytes, self.host_bytes = device_bytes, host_bytes
+        self.pinned_bytes = 0  # what `host_empty(pinned=True)` handed out
         self.ops: list[Op] = []
         self._pending: deque[tuple[int, Sequence[torch.Tensor], Sequence[torch.Tensor]]] = deque()
         self._ids = itertools.count()
@@ -143,8 +162,20 @@ class StandInRuntime:
         self.peak: dict[str, int] = defaultdict(int)
         self._peak_total = 0
 
-    def host_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(tuple(shape), dtype=dtype)
+    def host_empty(self, shape: Sequence[int], dtype: torch.dtype, pinned: bool = True) -> torch.Tensor:
+        tensor = torch.empty(tuple(shape), dtype=dtype)
+        if pinned:
+            self.pinned_bytes += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def device_memory(self) -> tuple[int, int] | None:
+        if self.device_bytes is None:
+            return None
+        with self._lock:
+            return self.device_bytes - sum(self.live_bytes.values()), self.device_bytes
+
+    def host_available(self) -> int | None:
+        return self.host_bytes
 
     def device_empty(self, shape: Sequence[int], dtype: torch.dtype, purpose: str) -> torch.Tensor:
         tensor = torch.empty(tuple(shape), dtype=dtype)
@@ -208,6 +239,20 @@ class StandInRuntime:
 
     def peak_bytes(self) -> int:
         return self._peak_total
+
+
+def host_memory_available() -> int | None:
+    """Bytes of host memory the kernel says can still be used (MemAvailable), or None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def make_runtime(backend: str) -> Runtime:

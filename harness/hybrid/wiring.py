@@ -1,17 +1,35 @@
-"""What a live run (harness/run.py) needs from the hybrid backend, in one place."""
+"""What a live run (harness/run.py) needs from the hybrid backend, in one place.
+
+The all-GPU engine: the reference tokens and the recorded routing (calibration, workload)
+come from a decode that computes every routed expert with the GPU kernels. With every
+expert resident that is gpu_only; when the device cannot hold all E experts of every
+layer (LLaDA2.0-flash's are ~200 GB in bf16) it is mixtral_offload with as many slots per
+layer as fit: still every expert computed on the GPU, the missing ones copied in first.
+Each expert's output depends only on its weights and its tokens, not on where the weights
+were a moment before, so both decode the same tokens; streaming only costs time, and
+these decodes are not timed.
+"""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness.cost import CostModel
 from harness.engine import OffloadEngine
-from harness.hybrid.placement import attach
+from harness.errors import HarnessError
+from harness.hybrid.placement import attach, placement_of
 from harness.hybrid.runtime import CudaRuntime
 from harness.model import LoadedModel, load_model
+from harness.model.config import LLaDA2Config
 from harness.results import fingerprint
+from harness.trace import RoutingTrace
 from systems.registry import make_system
+
+RESERVE_FRACTION = 0.1  # of the device's memory, kept for activations, the KV cache, allocator slack
+RESERVE_MIN_BYTES = 2 * 2**30
 
 
 def load_on_cuda(cfg: DictConfig) -> LoadedModel:
@@ -33,10 +51,52 @@ def reference_key(key: str, backend: str) -> str:
     return fingerprint({"reference": key, "backend": "cuda", "device": device, "torch": torch.__version__})
 
 
-def reference_engine(loaded: LoadedModel, cost: CostModel, steps: int) -> OffloadEngine:
-    """A prepared gpu_only engine: the reference decode on a device goes through the same
-    executor as every system (every expert resident, computed by the GPU kernels)."""
+def fitting_slots(free_bytes: int, total_bytes: int, slot_bytes: int, n_layers: int, n_experts: int) -> int:
+    """Expert slots per layer the device can hold: E when every expert fits, else the most
+    that leave room for one layer's worst case of one-use copies (all E experts routed,
+    the non-resident ones copied for this layer only) beside the reserve."""
+    usable = free_bytes - max(RESERVE_MIN_BYTES, int(RESERVE_FRACTION * total_bytes))
+    if n_layers * n_experts * slot_bytes <= usable:
+        return n_experts
+    if n_layers == 1:
+        return 0 if usable < n_experts * slot_bytes else n_experts
+    return max(0, min(n_experts, (usable - n_experts * slot_bytes) // ((n_layers - 1) * slot_bytes)))
+
+
+def all_gpu_engine(loaded: LoadedModel, cost: CostModel, steps: int, trace: RoutingTrace | None = None
+                   ) -> OffloadEngine:
+    """A prepared engine whose plans compute every routed expert on the GPU (see the module
+    docstring); on a model left on the host, simply gpu_only."""
     geometry = loaded.nominal
-    engine = OffloadEngine(make_system("gpu_only", {}), geometry, geometry.num_experts, cost)
+    slots = geometry.num_experts
+    placement = placement_of(loaded.model)
+    memory = placement.runtime.device_memory() if placement is not None else None
+    if memory is not None:
+        slots = fitting_slots(*memory, slot_bytes(loaded, placement.runtime.dtype), geometry.n_moe_layers,
+                              geometry.num_experts)
+    if slots == geometry.num_experts:
+        engine = OffloadEngine(make_system("gpu_only", {}), geometry, slots, cost, trace=trace)
+    else:
+        check_streamable(slots, memory, geometry)
+        print(f"note: {geometry.num_experts} experts x {geometry.n_moe_layers} layers do not fit in the "
+              f"{memory[0] / 1e9:.1f} GB free on the device: the all-GPU decode streams them through "
+              f"{slots} slots per layer", file=sys.stderr)
+        engine = OffloadEngine(make_system("mixtral_offload", {}), geometry, slots, cost, trace=trace)
     engine.prepare(None, steps)
     return engine
+
+
+def slot_bytes(loaded: LoadedModel, dtype: torch.dtype | None) -> int:
+    weights = loaded.model.moe_layers()[0].expert_weights[0]
+    size = torch.empty((), dtype=dtype or weights.gate.dtype).element_size()
+    return sum(w.numel() for w in weights) * size
+
+
+def check_streamable(slots: int, memory: tuple[int, int] | None, geometry: LLaDA2Config) -> None:
+    if slots < 1:
+        free = memory[0] / 1e9 if memory else 0.0
+        raise HarnessError(
+            f"the device has {free:.1f} GB free after the non-expert weights, too little for one expert slot "
+            f"per layer and one layer's {geometry.num_experts} one-use expert copies; use a GPU with more memory "
+            "or a smaller model"
+        )
