@@ -86,7 +86,7 @@ class HarnessConfig:
     source: str = "live"  # live: decode with the model | trace: replay a routing trace (harness/replay.py)
     trace: TraceConfig = field(default_factory=TraceConfig)
     resume: bool = False  # skip jobs whose result exists for the same config hash (harness/resume.py)
-    backend: str = "auto"  # auto | cpu | cuda (harness/hybrid): where a live run executes its experts
+    backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
 
 
 MODEL_NAMES = ("tiny", "mini", "flash")

@@ -2,10 +2,12 @@
 
 `profile_local` times one expert of the model's nominal shape on the CPU at 1..64 tokens
 (bf16, cycling over enough distinct experts that the weights stream from memory as a real
-miss does) and, when CUDA is present, times the GPU expert at 1..4096 tokens and the HBM
-bandwidth, fits the cost model's GPU roofline through them (`fit_gpu_roofline`), and
-times pinned host->device copies of whole experts on a copy stream. Results go into one JSON file with an entry per
-expert shape, written atomically; `harness.cost.load_hardware` reads it. Takes seconds.
+miss does; the fastest of a few calls, then made non-decreasing by `suffix_min`) and, when
+CUDA is present, times the GPU expert at 1..4096 tokens and the HBM bandwidth, fits the
+cost model's GPU roofline through them (`fit_gpu_roofline`), and times pinned
+host->device copies of whole experts on a copy stream. Results go into one JSON file with
+an entry per expert shape, written atomically; `harness.cost.load_hardware` reads it.
+Takes seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import math
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,14 +33,28 @@ PROFILE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_VERSION = 1
 
 
-def _median_seconds(fn, reps: int) -> float:
-    fn()  # warm-up: first-call allocation and thread-pool start-up are not steady state
+def _least_seconds(fn, reps: int) -> float:
+    """The fastest of `reps` timed calls after one warm-up (first-call allocation and
+    thread-pool start-up are not steady state). Noise from other processes only ever adds
+    time, so the least-disturbed call is the best estimate of the steady state."""
+    fn()
     samples = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
+    return min(samples)
+
+
+def suffix_min(seconds: Sequence[float]) -> list[float]:
+    """Each entry no larger than any later one: a call on n tokens can always be padded to
+    a later row's n' > n tokens, so t(n) <= t(n') is achievable; a larger measured t(n) is
+    noise (another process on the cores), and it must not raise the rows after it."""
+    out, running = [], math.inf
+    for s in reversed(seconds):
+        running = min(running, s)
+        out.append(running)
+    return out[::-1]
 
 
 def _expert_weights(geometry: LLaDA2Config, copies: int, device: str) -> list[tuple[torch.Tensor, ...]]:
@@ -57,7 +74,7 @@ def _swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.T
 
 
 def _expert_latency(geometry: LLaDA2Config, tokens: Sequence[int], reps: int) -> list[float]:
-    """CPU seconds of one expert call at each token count (median of `reps`)."""
+    """CPU seconds of one expert call at each token count (the fastest of `reps`)."""
     # Cycle over enough distinct experts to exceed the last-level cache: a real miss
     # streams its weights from memory, not from a cache warmed by the previous call.
     copies = min(256, max(2, int(64e6 // geometry.expert_bytes(BYTES_PER_PARAM)) + 1))
@@ -71,7 +88,7 @@ def _expert_latency(geometry: LLaDA2Config, tokens: Sequence[int], reps: int) ->
             _swiglu(x, *weights[next(turn) % copies])
 
         with torch.no_grad():
-            out.append(_median_seconds(call, reps))
+            out.append(_least_seconds(call, reps))
     return out
 
 
@@ -192,10 +209,17 @@ def profile_local(geometry: LLaDA2Config, out_path: str | Path, reps: int = 5) -
     the JSON profile at `out_path` (one entry per expert shape). Takes seconds."""
     path = Path(out_path)
     profile = read_profile(path) or {"version": PROFILE_VERSION, "shapes": {}}
-    seconds = _expert_latency(geometry, PROFILE_TOKENS, reps)
+    raw = _expert_latency(geometry, PROFILE_TOKENS, reps)
+    seconds = suffix_min(raw)
+    noisy = [n for n, r, m in zip(PROFILE_TOKENS, raw, seconds, strict=True) if r > 2 * m]
+    if noisy:
+        print(f"warning: hardware=local: the CPU expert call at {noisy} tokens took more than twice as long as "
+              "with more tokens (other processes on the cores?); the profile keeps the faster figures. "
+              "Profile on an idle machine for a trustworthy table", file=sys.stderr)
     entry: dict[str, Any] = {
         "cpu_table_tokens": list(PROFILE_TOKENS),
         "cpu_table_seconds": seconds,
+        "cpu_table_seconds_raw": raw,
         "cpu_threads": torch.get_num_threads(),
         "gpu": None,
     }

@@ -29,10 +29,10 @@ from harness.config import validate
 from harness.cost import CostModel, HardwareConfig, load_hardware
 from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode
 from harness.engine import OffloadEngine
-from harness.hybrid.backend import resolve_backend
+from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
 from harness.hybrid.executor import HybridExecutor, apply_measured
 from harness.hybrid.placement import wrap
-from harness.hybrid.wiring import all_gpu_engine, load_on_cuda, reference_key
+from harness.hybrid.wiring import all_gpu_engine, load_on_device, reference_key
 from harness.lossless import compare_tokens, load_reference, store_reference
 from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nominal_geometry
 from harness.results import write_json_atomic
@@ -117,7 +117,7 @@ class EngineHook:
 
 def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecutor, prompts: list[str],
                        settings: DecodeSettings, desc: str) -> DecodeBatch:
-    runner = wrap(loaded.model, engine)  # a HybridExecutor when the model is on a GPU (backend=cuda)
+    runner = wrap(loaded.model, engine)  # a HybridExecutor when the model is on a device (backend=cuda|standin)
     hook = EngineHook(runner)
     previous = loaded.model.engine
     loaded.model.engine = runner
@@ -182,7 +182,8 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     setup = setup_run(cfg, nominal_geometry(cfg.model))
     backend = resolve_backend(cfg.get("backend", "auto"))
     t0 = time.perf_counter()
-    loaded = load_model(cfg.model, cfg.cache_dir) if backend == "cpu" else load_on_cuda(cfg)
+    on_device = backend in DEVICE_BACKENDS
+    loaded = load_on_device(cfg, backend) if on_device else load_model(cfg.model, cfg.cache_dir)
     load_s = time.perf_counter() - t0
 
     def model() -> LoadedModel:
@@ -193,11 +194,11 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if setup.system.needs_calibration or record:
         calibration = calibration_trace(cfg, settings, model)
     ref_key, reference = reference_tokens(cfg, settings, prompts)
-    if backend == "cuda":  # the reference is gpu_only on this GPU: CPU kernels round differently
+    if on_device:  # the reference is computed by this GPU's kernels: CPU kernels round differently
         ref_key = reference_key(ref_key, backend)
         reference = load_reference(cfg.cache_dir, ref_key)
     if reference is None and setup.system.name != "gpu_only":
-        if backend == "cuda":
+        if on_device:
             ref_batch = decode_with_engine(loaded, all_gpu_engine(loaded, setup.cost, settings.steps), prompts,
                                            settings, desc="reference")
         else:

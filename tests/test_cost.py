@@ -205,3 +205,19 @@ def test_profile_local_adds_shapes_to_one_file(tmp_path: Path) -> None:
     other = LLaDA2Config(hidden_size=32, moe_intermediate_size=16, num_hidden_layers=3)
     profile = profiling.profile_local(other, path, reps=1)
     assert set(profile["shapes"]) == {expert_shape(TINY), expert_shape(other)}
+
+
+def test_a_noisy_small_token_measurement_does_not_raise_the_rest_of_the_cpu_table() -> None:
+    # 24 ms at 1-2 tokens is a disturbed measurement: 4 tokens took 40 us, and 1 token can be padded to 4
+    raw = [24e-3, 24e-3, 40e-6, 45e-6, 63e-6, 180e-6, 170e-6]
+    assert profiling.suffix_min(raw) == [40e-6, 40e-6, 40e-6, 45e-6, 63e-6, 170e-6, 170e-6]
+    assert profiling.suffix_min([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]  # an orderly table is kept as measured
+
+
+def test_profile_local_warns_and_repairs_a_noisy_table(tmp_path: Path, monkeypatch, capsys) -> None:
+    table = [5e-3, 1e-4, 2e-4, 3e-4, 4e-4, 5e-4, 6e-4]
+    monkeypatch.setattr(profiling, "_expert_latency", lambda g, tokens, reps: table)
+    profile = profiling.profile_local(TINY, tmp_path / "p.json", reps=1)
+    entry = profile["shapes"][expert_shape(TINY)]
+    assert entry["cpu_table_seconds"][0] == 1e-4 and entry["cpu_table_seconds_raw"][0] == 5e-3
+    assert "at [1] tokens" in capsys.readouterr().err

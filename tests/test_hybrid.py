@@ -8,6 +8,7 @@ CUDA-only checks that skip here."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from harness.hybrid.executor import HybridExecutor, apply_measured
 from harness.hybrid.placement import attach, wrap
 from harness.hybrid.pool import SlotPool
 from harness.hybrid.runtime import Op, StandInRuntime
-from harness.model import LoadedModel, load_model
 from harness.model.config import LLaDA2Config
 from harness.model.proxy import proxy_config
 from harness.profiling import fit_gpu_roofline
@@ -254,37 +254,33 @@ def test_a_cpu_run_records_its_backend_and_modeled_timing(proxy_cache, tmp_path,
 
 
 def test_a_device_run_goes_through_the_executor_with_a_per_backend_reference(tmp_path, tiny_dir, monkeypatch):
-    """run_live with the device backend, the stand-in playing CUDA: calibration, the gpu_only
-    reference and the system all run through executors; the result is measured."""
+    """run_live with backend=standin (the cuda path, the CPU playing the device): calibration,
+    the all-GPU reference and the system all run through executors; the result is measured."""
     cache = tmp_path / "cache"
     (cache / "proxies").mkdir(parents=True)
     (cache / "proxies" / tiny_dir.name).symlink_to(tiny_dir)
     closed: list[str] = []
     close = HybridExecutor.close
 
-    def load_on_standin(cfg) -> LoadedModel:
-        loaded = load_model(cfg.model, cfg.cache_dir)
-        attach(loaded.model, StandInRuntime())
-        return loaded
-
     def closing(self: HybridExecutor) -> None:
         closed.append(self.engine.system.name)
         close(self)
 
     monkeypatch.setattr(HybridExecutor, "close", closing)
-
-    monkeypatch.setattr(harness.run, "resolve_backend", lambda name: "cuda")
-    monkeypatch.setattr(harness.run, "load_on_cuda", load_on_standin)
-    monkeypatch.setattr(harness.run, "reference_key", lambda key, backend: f"{key}-standin")
-    cfg = compose_checked([*TINY, "system=fiddler", f"cache_dir={cache}", "tracking.enabled=false"])
+    cfg = compose_checked([*TINY, "system=fiddler", f"cache_dir={cache}", "tracking.enabled=false",
+                           "backend=standin"])
     result = run_job(cfg, tmp_path / "run")
     m = result["metrics"]
-    assert result["timing"] == "measured" and result["backend"] == "cuda"
+    assert result["timing"] == "measured" and result["backend"] == "standin"
+    assert m["host_experts_pinned"] == 1 and m["host_expert_bytes"] > 0
     assert m["lossless"] == 1 and m["token_match_rate"] == 1.0
     assert m["tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["measured_time_s"])
     assert m["modeled_tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["modeled_time_s"])
     assert all("measured_s" in s for s in result["step_series"])
-    assert [p.name for p in (cache / "reference").iterdir() if p.name.endswith("-standin.json")]
+    prompts = harness.run.load_prompts(cfg.workload, cfg.limit_prompts)
+    cpu_key = harness.run.reference_tokens(cfg, harness.run.decode_settings(cfg), prompts)[0]
+    assert len(list((cache / "reference").iterdir())) == 1  # the stand-in's own, not the cpu backend's
+    assert cpu_key not in {p.stem for p in (cache / "reference").iterdir()}
     assert closed == ["gpu_only", "gpu_only", "fiddler"]  # calibration, reference, the run: all on the device
     on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
     assert on_disk["timing"] == "measured"
@@ -359,3 +355,22 @@ def test_cuda_local_profile_measures_the_gpu(tmp_path) -> None:
 def test_the_gpu_check_script_parses() -> None:
     script = REPO / "scripts" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_gpu_check_script_runs_end_to_end_on_the_stand_in(tmp_path) -> None:
+    """The prepared GPU script, dry-run with the CPU playing the device: every step it takes
+    on a GPU (hardware=local, gpu_only first as the reference, a system, the summary)."""
+    env = {**os.environ, "BACKEND": "standin", "MODEL": "tiny", "SYSTEMS": "gpu_only tide", "CUDA_TESTS": "0",
+           "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("\t") for line in (tmp_path / "out" / "summary.tsv").read_text().splitlines()
+            if not line.startswith("#")]
+    header, body = rows[0], {row[0]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
+    assert header[:3] == ["system", "timing", "tokens_per_s"] and set(body) == {"gpu_only", "tide"}
+    for row in body.values():
+        assert row["timing"] == "measured" and row["token_match_rate"] == "1"
+    assert float(body["tide"]["miss_rate"]) > 0 and int(body["tide"]["cpu_expert_tokens"]) > 0
+    assert json.loads((tmp_path / "out" / "local_profile.json").read_text())["shapes"]

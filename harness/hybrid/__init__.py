@@ -3,7 +3,7 @@ host experts in pinned memory, missed experts on the CPU in a worker thread, wei
 copies on their own stream ordered with events, measured timing. The same code runs in
 tests with a CPU stand-in for the device (runtime.StandInRuntime).
 
-  backend.py    backend=auto|cpu|cuda: resolution and the one-line error
+  backend.py    backend=auto|cpu|cuda|standin: resolution and the one-line error
   runtime.py    the device surface: CudaRuntime (streams, events) and StandInRuntime
   placement.py  attach a model to a device (non-experts there, experts pinned on the host)
   pool.py       per-layer slot pools (the budget, for real) and one-use scratch buffers

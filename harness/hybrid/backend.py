@@ -1,8 +1,13 @@
-"""`backend=auto|cpu|cuda`: where a live run executes its numerics.
+"""`backend=auto|cpu|cuda|standin`: where a live run executes its numerics.
 
 cpu is the single-device emulation (every expert computed in place, timing modeled by
 harness/cost.py); cuda is the real hybrid execution of harness/hybrid/executor.py (timing
 measured, the modeled time computed beside it); auto picks cuda when torch sees a GPU.
+standin runs the cuda path's executor with the CPU playing the device
+(harness/hybrid/runtime.py's StandInRuntime): slot pools, copies, waits and the CPU worker
+all run, so the whole device pipeline (and scripts/gpu_check.sh) can be tried on a machine
+without a GPU. Its measured times are CPU times, not GPU ones: it is for checking the
+wiring, never for comparing systems.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import torch
 
 from harness.errors import HarnessError
 
-BACKENDS = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "cpu", "cuda", "standin")
+DEVICE_BACKENDS = ("cuda", "standin")  # executed by the hybrid executor, timing measured
 
 
 def check_backend(name: str) -> None:
@@ -26,7 +32,7 @@ def check_backend(name: str) -> None:
 
 
 def resolve_backend(name: str) -> str:
-    """The backend a run uses: 'cpu' or 'cuda'."""
+    """The backend a run uses: 'cpu', 'cuda' or 'standin'."""
     check_backend(name)
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -21,7 +21,7 @@ from harness.cost import CostModel
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.hybrid.placement import attach, placement_of
-from harness.hybrid.runtime import CudaRuntime
+from harness.hybrid.runtime import CudaRuntime, StandInRuntime
 from harness.model import LoadedModel, load_model
 from harness.model.config import LLaDA2Config
 from harness.results import fingerprint
@@ -32,23 +32,29 @@ RESERVE_FRACTION = 0.1  # of the device's memory, kept for activations, the KV c
 RESERVE_MIN_BYTES = 2 * 2**30
 
 
-def load_on_cuda(cfg: DictConfig) -> LoadedModel:
-    """The model of `cfg.model`, attached to the GPU. The weights are loaded in bf16, the
-    dtype they run in there: a bf16 checkpoint then stays a zero-copy memory map instead
-    of being widened to fp32 on the host first."""
-    model_cfg = OmegaConf.merge(cfg.model, {"dtype": "bfloat16"})
-    loaded = load_model(model_cfg, cfg.cache_dir)
-    attach(loaded.model, CudaRuntime())
+def load_on_device(cfg: DictConfig, backend: str) -> LoadedModel:
+    """The model of `cfg.model`, attached to the device of `backend` (cuda or standin).
+    On CUDA the weights are loaded in bf16, the dtype they run in there: a bf16 checkpoint
+    then stays a zero-copy memory map instead of being widened to fp32 on the host first.
+    The stand-in keeps the configured dtype, as the cpu backend does."""
+    if backend == "cuda":
+        loaded = load_model(OmegaConf.merge(cfg.model, {"dtype": "bfloat16"}), cfg.cache_dir)
+        attach(loaded.model, CudaRuntime())
+    elif backend == "standin":
+        loaded = load_model(cfg.model, cfg.cache_dir)
+        attach(loaded.model, StandInRuntime())
+    else:
+        raise ValueError(f"backend {backend!r} has no device")
     return loaded
 
 
 def reference_key(key: str, backend: str) -> str:
     """The cached reference tokens of a backend. CUDA references are per GPU model and torch
-    build, since kernels (and so roundings) differ between them."""
-    if backend != "cuda":
+    build, since kernels (and so roundings) differ between them; the stand-in's are its own."""
+    if backend == "cpu":
         return key
-    device = torch.cuda.get_device_name()
-    return fingerprint({"reference": key, "backend": "cuda", "device": device, "torch": torch.__version__})
+    device = torch.cuda.get_device_name() if backend == "cuda" else "cpu"
+    return fingerprint({"reference": key, "backend": backend, "device": device, "torch": torch.__version__})
 
 
 def fitting_slots(free_bytes: int, total_bytes: int, slot_bytes: int, n_layers: int, n_experts: int) -> int:
