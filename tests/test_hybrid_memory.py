@@ -2,13 +2,14 @@
 host experts stay pageable (zero-copy) when pinning them would starve the host, and the
 all-GPU decode (reference, recorded routing) streams experts through the slots that fit
 when the device cannot hold every expert: both decode the gpu_only tokens bit for bit on
-the CPU stand-in."""
+the CPU stand-in, in the model's dtype and in bf16 (the device dtype)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.cost import CostModel, HardwareConfig
 from harness.engine import OffloadEngine
@@ -113,3 +114,28 @@ def test_host_experts_stay_pageable_and_zero_copy_when_pinning_would_starve_the_
     engine.prepare(None, SETTINGS.steps)
     batch = decode_with_engine(loaded, engine, PROMPTS, SETTINGS, desc="pageable")
     assert [o.generated for o in batch.outputs] == reference
+
+
+# ---- bf16, the dtype the device runs in ----------------------------------------------------------
+def test_in_the_device_dtype_every_system_decodes_the_all_gpu_tokens(tiny_dir) -> None:
+    """The stand-in in bf16, as CUDA runs: dtype mix-ups (fp32 router, host-side rotary
+    tables, CPU rows joining device rows) fail here as they would on a GPU."""
+    loaded = load_tiny(tiny_dir)
+    runtime = StandInRuntime(dtype=torch.bfloat16)
+    placement = attach(loaded.model, runtime)
+    assert placement.host[0].views[0].gate.dtype == torch.bfloat16
+    assert loaded.model.moe_layers()[0].gate.weight.dtype == torch.float32
+    g = loaded.nominal
+    cost = CostModel(g, HardwareConfig())
+    calibration = RoutingTrace(g.n_moe_layers, g.num_experts, geometry=g.to_dict())
+    reference = decode_with_engine(loaded, all_gpu_engine(loaded, cost, SETTINGS.steps, trace=calibration),
+                                   PROMPTS, SETTINGS, desc="reference")
+    tokens = [o.generated for o in reference.outputs]
+    for name, options in [("fiddler", {}), ("tide", {"tau": 2, "migration": "async"}),
+                          ("mixtral_offload", {"prefetch": True})]:
+        system = make_system(name, options)
+        engine = OffloadEngine(system, g, 16, cost)
+        engine.prepare(calibration if system.needs_calibration else None, SETTINGS.steps)
+        batch = decode_with_engine(loaded, engine, PROMPTS, SETTINGS, desc=name)
+        assert [o.generated for o in batch.outputs] == tokens, name
+        assert engine.summary()["missed_pairs"] > 0, name
