@@ -1,12 +1,15 @@
 """Hydra callback for sweeps (registered in conf/config.yaml under hydra.callbacks).
 
-  on_multirun_start  (launching process) create the sweep's parent MLflow run and record
+  on_multirun_start  (launching process) create the sweep's parent MLflow run (or, with
+                     resume=true, reuse the unfinished one of this sweep dir) and record
                      its id in <sweep dir>/mlflow_parent.json, where every job, in
-                     whatever process or node runs it, finds it (harness.tracking)
+                     whatever process or node runs it, finds it (harness.tracking); from
+                     here on a guard ends the parent KILLED or FAILED if the process exits
+                     early (SIGTERM, Ctrl-C, an exception)
   on_job_end         (the job's process) one compact line per finished job
   on_multirun_end    (launching process) the sweep's summary table: printed, written to
                      the sweep dir (CSV, markdown, throughput plot) and logged to the
-                     parent run, which is then closed
+                     parent run, which is then closed FINISHED and the guard released
 
 Hydra turns an exception in a callback into a warning; these methods also catch their
 own store failures so that a sweep never stops because MLflow is unreachable.
@@ -24,7 +27,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness import tracking
+from harness import sweep_run, tracking
 from harness.report import SWEEP_FILES, compact_line, record_from_result, sweep_markdown, sweep_records, sweep_table
 from harness.results import read_json
 
@@ -48,6 +51,14 @@ def sweep_dir(config: DictConfig) -> Path:
 
 
 class SweepCallback(Callback):
+    def __init__(self) -> None:
+        self.parent_run_id: str | None = None  # created (or reused) by this process
+        self.reused = False
+        self.guard: sweep_run.ParentRunGuard | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # launchers pickle callbacks for their workers
+        return {**self.__dict__, "guard": None}  # the guard belongs to the launching process
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         directory = sweep_dir(config)
         directory.mkdir(parents=True, exist_ok=True)
@@ -56,10 +67,15 @@ class SweepCallback(Callback):
             return
         overrides = [str(o) for o in config.hydra.overrides.task]
         try:
-            run_id = tracking.start_parent_run(settings, directory, swept_models(config), overrides)
-            print(f"sweep {directory}: MLflow parent run {run_id} ({tracking.normalize_uri(settings.uri)})")
+            run_id, self.reused = sweep_run.open_parent_run(settings, directory, swept_models(config), overrides,
+                                                           resume=bool(config.get("resume", False)))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "parent run", exc)
+            return
+        self.parent_run_id = run_id
+        self.guard = sweep_run.ParentRunGuard(settings, run_id)
+        again = " (resumed)" if self.reused else ""
+        print(f"sweep {directory}: MLflow parent run {run_id}{again} ({tracking.normalize_uri(settings.uri)})")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
@@ -71,7 +87,7 @@ class SweepCallback(Callback):
         elif job_return.status == JobStatus.FAILED:
             reason = " ".join(str(job_return._return_value).split())[:200]
             print(f"[failed] {label}: {type(job_return._return_value).__name__}: {reason}", flush=True)
-        elif (run_dir / "result.json").is_file():
+        elif (run_dir / "result.json").is_file() and not skipped_by_resume(run_dir):
             record = record_from_result(read_json(run_dir / "result.json"), str(run_dir))
             print(compact_line(record, label), flush=True)
         # a job skipped by resume printed its own line
@@ -81,19 +97,34 @@ class SweepCallback(Callback):
         records = sweep_records(directory)
         global FAILED_JOBS
         FAILED_JOBS = sum(r["status"] == "failed" for r in records)
-        if not records:
+        files = write_sweep_summary(directory, records) if records else []
+        if records:
+            print(f"sweep summary ({directory}):")
+            print((directory / SUMMARY_MD).read_text(), end="")
+        if self.parent_run_id is None:
             return
-        files = write_sweep_summary(directory, records)
-        print(f"sweep summary ({directory}):")
-        print((directory / SUMMARY_MD).read_text(), end="")
         settings = tracking.tracking_settings(config)
-        run_id = tracking.parent_run_id(directory, settings.uri) if settings.enabled else None
-        if run_id is None:
-            return
         try:
-            tracking.finish_parent_run(settings, run_id, files, sweep_metrics(records))
+            if self.reused:  # results of the interrupted attempt whose logging was cut short
+                tracking.push([directory], settings)
+            sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "sweep summary", exc)
+        # not in a `finally`: a signal during the above leaves the guard to end the run KILLED
+        if self.guard is not None:
+            self.guard.release()
+        self.parent_run_id, self.guard = None, None
+
+
+def skipped_by_resume(run_dir: Path) -> bool:
+    """resume=true skipped this job just now: its resumed.json is newer than the result.json that
+    an earlier attempt of the same sweep dir left there (a job that ran writes result.json last)."""
+    from harness.resume import RESUMED_FILE
+
+    try:
+        return (run_dir / RESUMED_FILE).stat().st_mtime_ns >= (run_dir / "result.json").stat().st_mtime_ns
+    except OSError:
+        return False
 
 
 def write_sweep_summary(directory: Path, records: list[dict[str, Any]]) -> list[Path]:

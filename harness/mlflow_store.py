@@ -149,7 +149,10 @@ def warn_failure(uri: str, what: str, exc: BaseException, run_dir: Path | None =
     print(f"warning: MLflow {what} skipped ({uri}): {reason}{later}", file=sys.stderr)
 
 
-def discard_run(client: Any, run_id: str) -> None:
-    # the store is already failing; the warning about the first error is enough
+def discard_run(client: Any, run_id: str, status: str = "FAILED") -> None:
+    """End (FAILED, or KILLED after a signal) and delete a half-logged run."""
+    # the store may already be failing; the warning about the first error is enough
+    with contextlib.suppress(Exception):
+        client.set_terminated(run_id, status)
     with contextlib.suppress(Exception):
         client.delete_run(run_id)

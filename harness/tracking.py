@@ -9,6 +9,8 @@ that are missing from a store. A sweep directory holds the same kind of marker f
 parent run (`mlflow_parent.json`); jobs read it to link themselves as children, which
 works whatever process (joblib worker, SLURM node) runs them.
 
+How a sweep's parent run starts, ends and resumes: harness/sweep_run.py.
+
 MLflow is imported lazily: a run with `tracking.enabled=false` never pays for it.
 """
 
@@ -190,17 +192,18 @@ def log_result(result: Mapping[str, Any], run_dir: str | Path, tracking: Trackin
     tags = run_tags(result, run_dir, config_hash)
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(experiment_id, run_name=tags.get("mlflow.runName"))
+    # tagged from birth, so that a run cut short anywhere is found as its parent's orphan
+    run = client.create_run(experiment_id, run_name=tags.get("mlflow.runName"), tags=tags)
     run_id = run.info.run_id
     try:
         metrics = [(k, v, 0) for k, v in numeric_metrics(result.get("metrics") or {}).items()]
-        log_batches(client, run_id, run_params(result.get("config") or {}), tags, [*metrics, *series_points(result)])
+        log_batches(client, run_id, run_params(result.get("config") or {}), {}, [*metrics, *series_points(result)])
         log_config_yaml(client, run_id, result.get("config") or {})
         for path, sub in artifact_files(run_dir):
             client.log_artifact(run_id, str(path), sub)
         client.set_terminated(run_id, "FINISHED")
-    except BaseException:
-        discard_run(client, run_id)  # a half-logged run would be duplicated by the next push
+    except BaseException as exc:  # a half-logged run would be duplicated by the next push
+        discard_run(client, run_id, "FAILED" if isinstance(exc, Exception) else "KILLED")
         raise
     add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id)
     return run_id
@@ -234,19 +237,6 @@ def record_finished_run(result: Mapping[str, Any], run_dir: str | Path, cfg: Any
     return log_run(result, run_dir, cfg, job_parent_run_id(cfg))
 
 
-def start_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str], overrides: list[str]) -> str:
-    """Create a sweep's parent run and record its id in the sweep dir; raises on failure."""
-    client = open_store(tracking.uri)
-    root = default_artifact_root(tracking.uri, tracking.artifact_root)
-    experiment_id = ensure_experiment(client, experiment_name(tracking, models), root)
-    tags = {"harness.kind": "sweep", "sweep_dir": str(sweep_dir.resolve()), "git_commit": git_commit(),
-            "machine": platform.node(), "mlflow.runName": f"sweep {sweep_dir.name}"}
-    run = client.create_run(experiment_id, run_name=tags["mlflow.runName"], tags=tags)
-    client.log_param(run.info.run_id, "sweep", param_value(" ".join(overrides)))
-    add_marker(sweep_dir / PARENT_MARKER, tracking.uri, run.info.run_id, experiment_id)
-    return run.info.run_id
-
-
 def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:
     marker = find_marker(Path(sweep_dir) / PARENT_MARKER, uri)
     return marker["run_id"] if marker else None
@@ -260,16 +250,6 @@ def job_parent_run_id(cfg: Any) -> str | None:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
     return parent_run_id(HydraConfig.get().sweep.dir, tracking_settings(cfg).uri)
-
-
-def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], metrics: dict[str, float]) -> None:
-    client = open_store(tracking.uri)
-    for path in files:
-        if path.is_file():
-            client.log_artifact(run_id, str(path), "plots" if path.suffix == ".png" else None)
-    for key, value in metrics.items():
-        client.log_metric(run_id, key, value)
-    client.set_terminated(run_id, "FINISHED")
 
 
 # --------------------------------------------------------------------------- push
@@ -309,6 +289,7 @@ def push_parent(tracking: TrackingConfig, sweep_dir: Path) -> str:
     if existing:
         return existing
     from harness.report import SWEEP_FILES
+    from harness.sweep_run import finish_parent_run, start_parent_run
 
     models = {str(read_json(d / RESULT_FILE).get("model")) for d in result_dirs([sweep_dir])}
     run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [f"(pushed from {sweep_dir})"])
