@@ -4,7 +4,9 @@
 
 For every system, replays a routing trace through the engine (validation, residency,
 cost model: everything but the numerics) and prints layer-steps per second, the time
-spent inside `System.plan` per layer-step, for the systems with a vectorized replay
+spent inside `System.plan` per layer-step, the engine's own bookkeeping per layer-step
+as it measures it (`OffloadEngine.host_seconds`: decide + account without the plan,
+`own_ms_per_layer_step`), for the systems with a vectorized replay
 (harness/fast_replay.py: fiddler, tide) its layer-steps per second, its ratio to the
 engine's and whether its summary equals the engine's (`fast_exact`), and, with
 forward=true, the ratio of that planning time to the proxy model's forward time per
@@ -86,9 +88,11 @@ def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
     summary = engine.replay(trace)
     replay_s = time.perf_counter() - start
     layer_steps = len(trace) * trace.n_layers
+    own_s = engine.host_seconds()["host_engine_s"]
     return {"system": name, "layer_steps": layer_steps, "layer_steps_per_s": layer_steps / replay_s,
             "plan_ms_per_layer_step": 1e3 * timed.seconds / layer_steps,
-            "engine_ms_per_layer_step": 1e3 * replay_s / layer_steps, "prepare_s": prepare_s,
+            "engine_ms_per_layer_step": 1e3 * replay_s / layer_steps,
+            "own_ms_per_layer_step": 1e3 * own_s / layer_steps, "prepare_s": prepare_s,
             **bench_fast(name, trace, geometry, b, cost, summary, layer_steps / replay_s)}
 
 

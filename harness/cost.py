@@ -45,11 +45,12 @@ on this machine (measuring on first use).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from harness.errors import HarnessError
@@ -142,6 +143,8 @@ class CostModel:
         self._gpu_ov = hw.gpu_call_overhead_us * 1e-6
         self._table = self._cpu_table(hw, geometry)
         self._copy_one = self.expert_bytes / (hw.pcie_gbps * 1e9) + hw.pcie_latency_us * 1e-6
+        self._gpu_totals = _ExpertTotals(self.gpu_expert_times)
+        self._cpu_totals = _ExpertTotals(self.cpu_expert_times)
 
     @staticmethod
     def _cpu_table(hw: HardwareConfig, geometry: LLaDA2Config) -> tuple[list[int], list[float]] | None:
@@ -202,6 +205,15 @@ class CostModel:
             return torch.where(n > 0, t, 0.0)
         return torch.tensor([self.cpu_expert_time(int(v)) for v in loads.tolist()], dtype=torch.float64)
 
+    def gpu_expert_total(self, loads: np.ndarray) -> float:
+        """float(gpu_expert_times(torch.from_numpy(loads)).sum()), bit for bit, for an int
+        numpy vector of loads (the engine's per-layer charge), mostly without torch."""
+        return self._gpu_totals(loads)
+
+    def cpu_expert_total(self, loads: np.ndarray) -> float:
+        """float(cpu_expert_times(torch.from_numpy(loads)).sum()), bit for bit."""
+        return self._cpu_totals(loads)
+
     def copy_time(self, n_experts: int = 1) -> float:
         return max(n_experts, 0) * self._copy_one
 
@@ -260,6 +272,53 @@ class CostModel:
         return hw
 
 
+class _ExpertTotals:
+    """Sums of one device's expert times, the bits of `float(times(loads).sum())`.
+
+    The per-expert times are tabulated per load with the cost model's own vector
+    function (elementwise, so a table entry is exactly what that function gives the load
+    anywhere in a vector). Loads 1..flat all cost the same (memory-bound experts: the
+    common case), and a torch sum depends only on the values and their order, so a run
+    of k such experts sums as a torch sum of k copies of that time, cached per k. Other
+    runs are summed by torch over the tabulated times, in the given order."""
+
+    def __init__(self, times: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.times = times
+        self.table = np.zeros(0)
+        self.flat = 0  # loads 1..flat all cost table[1]
+        self.constant_sums: dict[int, float] = {}
+
+    def _tabulate(self, n: int) -> None:
+        """Times of loads 0..n-1 (computed on first use: after any change to the profile
+        made before the first charge)."""
+        table = self.times(torch.arange(n)).numpy()
+        if len(table) < 2:
+            self.table, self.flat = table, 0
+            return
+        differs = np.flatnonzero(table[1:] != table[1])
+        self.table, self.flat = table, int(differs[0]) if differs.size else n - 1
+        self.constant_sums.clear()
+
+    def __call__(self, loads: np.ndarray) -> float:
+        k = len(loads)
+        if not k:
+            return 0.0
+        if len(self.table) < 2:
+            self._tabulate(256)
+        lo, hi = int(loads.min()), int(loads.max())
+        if lo >= 1 and hi <= self.flat:
+            total = self.constant_sums.get(k)
+            if total is None:
+                total = float(torch.full((k,), float(self.table[1]), dtype=torch.float64).sum())
+                self.constant_sums[k] = total
+            return total
+        if lo < 0:  # no table entry: ask the vector function itself
+            return float(self.times(torch.from_numpy(loads)).sum())
+        if hi >= len(self.table):
+            self._tabulate(max(2 * len(self.table), hi + 1))
+        return float(torch.from_numpy(self.table[loads]).sum())
+
+
 @dataclass(frozen=True)
 class LayerTiming:
     copies_s: float  # time the GPU experts waited for the link (exposed copy time)
@@ -276,6 +335,7 @@ class ForwardTimeline:
         self.cost = cost
         self.parts = cost.non_expert_breakdown(n_tokens, n_context)
         self.clock = self.parts.before_moe
+        self.copy_one = cost.copy_time(1)
         self.link_free = 0.0
         self.landing: dict[int, dict[int, float]] = {}  # layer -> expert -> when its async copy lands
         self.drain_s = 0.0
@@ -295,7 +355,7 @@ class ForwardTimeline:
         self.clock += self.parts.per_moe_layer
         self.layers_charged += 1
         t0 = self.clock
-        copy_one = self.cost.copy_time(1)
+        copy_one = self.copy_one
         ready = t0
         if n_sync:
             self.link_free = max(t0, self.link_free) + n_sync * copy_one

@@ -6,6 +6,25 @@ below, applies it, counts what it implies and charges it with the cost model's f
 timeline (harness/cost.py). It needs no weights: `plan_layer` is the replay API, and
 `run_experts` (the live MoE layer's entry) adds the numerics.
 
+One layer is two halves, `plan_layer(layer, load, hint) = decide + account`:
+
+    plan, pending = engine.decide(layer, load, hint)   # System.plan, validation, residency
+    ...                                                 # an executor launches the GPU work
+    engine.account(pending)                             # counters, cost-model charges
+
+`decide` does everything an executor needs before it runs the layer: it records the
+trace, asks the system, checks the plan and moves residency (this layer's and, for a
+prefetch, the next one's), so `resident` already holds the layer's outcome when it
+returns. `account` adds the layer's counters and charges it on the forward timeline; it
+reads nothing `decide` has not fixed, so an executor may run it while the GPU kernels
+run. At most one layer is pending: `decide` refuses while one is, and `end_step` refuses
+to close a forward with one. Results are the same bits whichever way a layer is driven.
+
+Host time: the engine times (time.perf_counter) the seconds inside `System.plan` and its
+own bookkeeping (decide + account without the plan) per layer; `host_seconds()` returns
+them. They are wall-clock figures of this process, so they are not in `summary()`
+(summaries are compared exactly across runs).
+
 Rules a plan must keep (a violation raises `PlanError` naming system, layer and rule):
 every routed expert (load > 0) is computed exactly once, on the GPU or on the CPU, and
 nothing unrouted is computed; an expert computed on the GPU is resident or fetched sync
@@ -23,6 +42,11 @@ Counters: a missed pair is a routed token-expert pair whose expert was not resid
 the layer started (for a system with free movement, the oracle, after its free moves);
 io_bytes counts every charged host->GPU copy (sync, scratch, async, prefetch).
 
+Speed: the bookkeeping runs once per layer of every forward, so it works on plain Python
+ints and sets and numpy views of the load, never indexes a tensor with a list, and sums
+expert times with `CostModel.gpu_expert_total` / `cpu_expert_total` (the bits of summing
+the cost model's vector functions in torch, without building those tensors).
+
 Lossless: `run_experts` computes every routed expert with one call of
 `compute_routed_experts` in canonical order, so on one device every placement gives the
 bits of gpu_only; placement changes only what is charged.
@@ -31,9 +55,11 @@ bits of gpu_only; placement changes only what is charged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
+import numpy as np
 import torch
 
 from harness.cost import CostModel, ForwardTimeline
@@ -52,8 +78,41 @@ class PlanError(AssertionError):
         self.system, self.layer, self.rule = system, layer, rule
 
 
-def _ids(mask: torch.Tensor) -> set[int]:
-    return set(torch.nonzero(mask).flatten().tolist())
+def _mask_ids(mask: torch.Tensor) -> tuple[list[int], np.ndarray | list[int]]:
+    """The set entries of a bool [E] mask, ascending, and an index that picks them from
+    a numpy array of E values (the mask itself as numpy, on the CPU)."""
+    if mask.device.type == "cpu":
+        flags = mask.numpy()
+        return flags.nonzero()[0].tolist(), flags
+    ids = torch.nonzero(mask).flatten().tolist()
+    return ids, ids
+
+
+_NO_IDS: frozenset[int] = frozenset()
+_INT_TYPE = {int}
+_NO_LOADS = np.zeros(0, np.int64)
+
+
+@dataclass(eq=False, slots=True)
+class PendingLayer:
+    """A layer `OffloadEngine.decide` has decided (plan checked, residency moved) and
+    `OffloadEngine.account` has still to count and charge. Read-only for callers."""
+
+    layer: int
+    plan: LayerPlan
+    load: torch.Tensor  # int64 [E] on the CPU: tokens routed to each expert
+    gpu: list[int]  # experts computed on the GPU, ascending
+    cpu: list[int]  # experts computed on the CPU, ascending
+    missing: list[int]  # routed experts not resident when the layer started (free movement: after its moves)
+    n_scratch: int
+    n_cached_sync: int  # sync fetches that stay resident
+    async_targets: list[tuple[int, int]] = field(default_factory=list)  # (layer, expert) copies issued
+    plan_s: float = 0.0  # host seconds inside System.plan
+    engine_s: float = 0.0  # host seconds of decide's own work
+    _loads: np.ndarray | None = None  # numpy view of `load`
+    _gpu_index: Any = None  # picks the GPU experts' loads from _loads
+    _cpu_index: Any = None
+    _scratch: set[int] | frozenset[int] = _NO_IDS  # plan.scratch as a set
 
 
 @dataclass
@@ -94,6 +153,7 @@ class OffloadEngine:
         self.n_layers = geometry.n_moe_layers
         self.n_experts = geometry.num_experts
         self.experts_per_layer = experts_per_layer
+        self._expert_ids = frozenset(range(self.n_experts))
         # gpu_only ignores the budget: it is the all-resident reference, not an offloader.
         self.capacity = self.n_experts if system.ignores_budget else experts_per_layer
         self.free_movement = system.free_movement
@@ -109,6 +169,9 @@ class OffloadEngine:
         self._step: StepInfo | None = None
         self._step_routed = self._step_missed = 0
         self._prepared = False
+        self._pending: PendingLayer | None = None  # decided, not yet accounted
+        self._host_plan_s = self._host_engine_s = 0.0
+        self._host_layer_steps = 0
 
     # ---- lifecycle ---------------------------------------------------------------------
     def prepare(self, calibration: RoutingTrace | None, decode_steps: int | None = None) -> None:
@@ -149,6 +212,10 @@ class OffloadEngine:
     def end_step(self) -> None:
         if self._timeline is None or self._step is None:
             return
+        if self._pending is not None:
+            raise RuntimeError(
+                f"end_step with layer {self._pending.layer} decided but not accounted: call account(pending) first"
+            )
         total = self._timeline.finish()
         self.counters.time_copies_s += self._timeline.drain_s
         step = self._step
@@ -170,16 +237,42 @@ class OffloadEngine:
 
     # ---- one MoE layer -----------------------------------------------------------------
     def plan_layer(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> LayerPlan:
+        """Decide and account one layer (the replay API): `decide` then `account`."""
+        plan, pending = self.decide(layer, load, hint)
+        self.account(pending)
+        return plan
+
+    def decide(
+        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None
+    ) -> tuple[LayerPlan, PendingLayer]:
+        """The first half of a layer: record the trace, ask the system, check its plan and
+        move residency. Returns the plan and what `account` needs; call `account(pending)`
+        before deciding another layer (or ending the forward). `account` reads the load
+        again (a view of `load` when that already is an int64 CPU vector): leave it as it
+        is until then."""
+        start = perf_counter()
         if self._timeline is None:
-            raise RuntimeError("plan_layer outside begin_step/end_step")
+            raise RuntimeError("plan_layer/decide outside begin_step/end_step")
+        if self._pending is not None:
+            raise RuntimeError(
+                f"decide(layer {layer}) while layer {self._pending.layer} is decided but not accounted: "
+                "call account(pending) first"
+            )
         load = load.detach().to("cpu", torch.long).flatten()
         if self.trace is not None:
             self.trace.record(layer, load, hint)
         resident = self.resident[layer]
-        plan = self.system.plan(layer, load, hint if self.system.wants_hint else None, frozenset(resident))
-        routed, gpu, cpu = self._check(layer, load, plan, resident)
-        self._apply(layer, load, plan, resident, routed, gpu, cpu)
-        return plan
+        system = self.system
+        held = frozenset(resident)
+        plan_start = perf_counter()
+        plan = system.plan(layer, load, hint if system.wants_hint else None, held)
+        plan_s = perf_counter() - plan_start
+        pending = self._check(layer, load, plan, resident)
+        self._move(pending, resident)
+        pending.plan_s = plan_s
+        self._pending = pending
+        pending.engine_s = perf_counter() - start - plan_s
+        return plan, pending
 
     def run_experts(
         self,
@@ -202,7 +295,15 @@ class OffloadEngine:
     def _fail(self, layer: int, rule: str, detail: str) -> None:
         raise PlanError(self.system.name, layer, rule, detail)
 
-    def _check_list(self, layer: int, name: str, items: list[int]) -> set[int]:
+    def _check_list(self, layer: int, name: str, items: list[int]) -> set[int] | frozenset[int]:
+        if not len(items):
+            return _NO_IDS
+        try:
+            ids = set(items)
+        except TypeError:  # unhashable entries: bad ids, reported below
+            ids = set()
+        if len(ids) == len(items) and ids <= self._expert_ids and set(map(type, ids)) == _INT_TYPE:
+            return ids  # plain ints in range, no repeats: the rules below hold
         bad = [e for e in items if not (isinstance(e, int) and 0 <= e < self.n_experts)]
         if bad:
             self._fail(layer, "bad-id", f"{name} holds {bad[:5]}")
@@ -210,19 +311,79 @@ class OffloadEngine:
             self._fail(layer, "duplicate", f"{name} lists an expert twice")
         return set(items)
 
-    def _check(
-        self, layer: int, load: torch.Tensor, plan: LayerPlan, resident: set[int]
-    ) -> tuple[set[int], set[int], set[int]]:
+    def _check(self, layer: int, load: torch.Tensor, plan: LayerPlan, resident: set[int]) -> PendingLayer:
+        """Every rule, in this order (the first broken one raises). Each test is the set
+        rule itself, written for the common case (few moves) so that a valid plan costs
+        a few list and set operations."""
         E = self.n_experts
         for name in ("gpu", "cpu"):
             mask = getattr(plan, name)
             if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (E,)):
                 self._fail(layer, "shape", f"plan.{name} must be a bool tensor [{E}]")
-        routed, gpu, cpu = _ids(load > 0), _ids(plan.gpu), _ids(plan.cpu)
+        loads = load.numpy()
+        routed = (loads > 0).nonzero()[0].tolist()
+        gpu, gpu_index = _mask_ids(plan.gpu)
+        cpu, cpu_index = _mask_ids(plan.cpu)
+        if loads.shape[0] != E:  # the masks cannot pick from a load of another length
+            gpu_index, cpu_index = gpu, cpu
         sync = self._check_list(layer, "fetch_sync", plan.fetch_sync)
         asyn = self._check_list(layer, "fetch_async", plan.fetch_async)
         scratch = self._check_list(layer, "scratch", plan.scratch)
         evict = self._check_list(layer, "evict", plan.evict)
+        # gpu and cpu (ascending, no repeats) split the routed experts exactly when the
+        # ascending merge of both is the routed list
+        if (sorted(gpu + cpu) if cpu else gpu) != routed:
+            self._check_routing(layer, set(routed), set(gpu), set(cpu))
+        if evict and not resident.issuperset(evict):
+            self._fail(layer, "evict-not-resident", f"experts {sorted(evict - resident)[:5]}")
+        if (sync or asyn) and (
+            ((sync | asyn) & resident or sync & asyn) if asyn else not resident.isdisjoint(sync)
+        ):
+            self._fail(
+                layer,
+                "fetch-resident",
+                f"experts {sorted(((sync | asyn) & resident) | (sync & asyn))[:5]}"
+                " are already resident or fetched twice",
+            )
+        gpu_set = set(gpu) if scratch or evict else _NO_IDS
+        if not scratch <= sync:
+            self._fail(
+                layer, "scratch-not-sync", f"scratch experts {sorted(scratch - sync)[:5]} not in fetch_sync"
+            )
+        if not scratch <= gpu_set:
+            self._fail(
+                layer, "scratch-not-gpu", f"scratch experts {sorted(scratch - gpu_set)[:5]} not computed on GPU"
+            )
+        if not gpu_set.isdisjoint(evict):
+            self._fail(layer, "evicted-computed-on-gpu", f"experts {sorted(evict & gpu_set)[:5]}")
+        # GPU experts not resident now: each must be fetched sync; they are this layer's GPU misses
+        if resident.issuperset(gpu):
+            gpu_missing: list[int] = []
+        else:
+            not_resident = (gpu_set or set(gpu)) - resident
+            if not not_resident <= sync:
+                self._fail(
+                    layer,
+                    "gpu-not-resident",
+                    f"experts {sorted(not_resident - sync)[:5]} neither resident nor fetched sync",
+                )
+            gpu_missing = list(not_resident)
+        # len(resident - evict) + len(sync - scratch) + len(asyn): evict is resident and
+        # scratch is sync (both checked above), and no list repeats an expert
+        kept = len(resident) - len(evict) + len(sync) - len(scratch) + len(asyn)
+        if kept > self.capacity:
+            self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
+        if plan.prefetch or plan.prefetch_evict:
+            self._check_prefetch(layer, plan)
+        if self.topology.multi:
+            self._check_devices(layer, plan, set(cpu))
+        return PendingLayer(
+            layer, plan, load, gpu, cpu, gpu_missing, len(scratch), 0,
+            _loads=loads, _gpu_index=gpu_index, _cpu_index=cpu_index, _scratch=scratch,
+        )
+
+    def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
+        """The three rules on where the routed experts compute; called once one is broken."""
         if gpu & cpu:
             self._fail(layer, "computed-twice", f"experts {sorted(gpu & cpu)[:5]} on both GPU and CPU")
         if routed - gpu - cpu:
@@ -231,39 +392,7 @@ class OffloadEngine:
             self._fail(
                 layer, "unrouted-computed", f"experts {sorted((gpu | cpu) - routed)[:5]} have no tokens"
             )
-        if evict - resident:
-            self._fail(layer, "evict-not-resident", f"experts {sorted(evict - resident)[:5]}")
-        if (sync | asyn) & resident or sync & asyn:
-            self._fail(
-                layer,
-                "fetch-resident",
-                f"experts {sorted(((sync | asyn) & resident) | (sync & asyn))[:5]}"
-                " are already resident or fetched twice",
-            )
-        if scratch - sync:
-            self._fail(
-                layer, "scratch-not-sync", f"scratch experts {sorted(scratch - sync)[:5]} not in fetch_sync"
-            )
-        if scratch - gpu:
-            self._fail(
-                layer, "scratch-not-gpu", f"scratch experts {sorted(scratch - gpu)[:5]} not computed on GPU"
-            )
-        if evict & gpu:
-            self._fail(layer, "evicted-computed-on-gpu", f"experts {sorted(evict & gpu)[:5]}")
-        if gpu - (resident | sync):
-            self._fail(
-                layer,
-                "gpu-not-resident",
-                f"experts {sorted(gpu - (resident | sync))[:5]} neither resident nor fetched sync",
-            )
-        kept = len(resident - evict) + len(sync - scratch) + len(asyn)
-        if kept > self.capacity:
-            self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
-        if plan.prefetch or plan.prefetch_evict:
-            self._check_prefetch(layer, plan)
-        if self.topology.multi:
-            self._check_devices(layer, plan, cpu)
-        return routed, gpu, cpu
+        raise AssertionError(f"layer {layer}: the GPU and CPU experts do not split the routed ones")
 
     def _check_devices(self, layer: int, plan: LayerPlan, cpu: set[int]) -> None:
         """Expert parallelism: every expert on one of the GPUs, nothing offloaded."""
@@ -293,60 +422,95 @@ class OffloadEngine:
             )
 
     # ---- apply and charge --------------------------------------------------------------
-    def _apply(
-        self,
-        layer: int,
-        load: torch.Tensor,
-        plan: LayerPlan,
-        resident: set[int],
-        routed: set[int],
-        gpu: set[int],
-        cpu: set[int],
-    ) -> None:
-        c = self.counters
-        scratch = set(plan.scratch)
-        cached_sync = [e for e in plan.fetch_sync if e not in scratch]
+    def _move(self, pending: PendingLayer, resident: set[int]) -> None:
+        """Apply a checked plan's moves to residency (this layer's and, for a prefetch,
+        the next one's) and note the misses: routed experts not resident when the layer
+        started (with free movement: not resident after the plan's moves)."""
+        plan, layer = pending.plan, pending.layer
+        fetch_sync = plan.fetch_sync
+        if pending.n_scratch:
+            scratch = pending._scratch
+            cached_sync = [e for e in fetch_sync if e not in scratch]
+        else:
+            cached_sync = list(fetch_sync)
         free = self.free_movement
-        missing = routed - resident  # not resident when the layer started
-        resident.difference_update(plan.evict)
+        if not free:  # GPU misses were found by the check; the CPU's are the non-resident ones
+            cpu_missing = [e for e in pending.cpu if e not in resident]
+            if cpu_missing:
+                pending.missing = pending.missing + cpu_missing
+        if plan.evict:
+            resident.difference_update(plan.evict)
         resident.update(cached_sync)
         resident.update(plan.fetch_async)
         if free:  # the oracle's moves land before the layer: it misses only what it leaves out
-            missing = routed - resident
-        pairs = int(load.sum())  # only routed experts have tokens
-        missed = int(load[sorted(missing)].sum())
+            pending.missing = [e for e in pending.gpu if e not in resident] + [
+                e for e in pending.cpu if e not in resident
+            ]
         async_targets = [(layer, e) for e in plan.fetch_async]
         if plan.prefetch or plan.prefetch_evict:
             nxt = self.resident[layer + 1]
             nxt.difference_update(plan.prefetch_evict)
             nxt.update(plan.prefetch)
             async_targets += [(layer + 1, e) for e in plan.prefetch]
-        n_sync = len(scratch) if free else len(plan.fetch_sync)
+        pending.async_targets = async_targets
+        pending.n_cached_sync = len(cached_sync)
+
+    def account(self, pending: PendingLayer) -> None:
+        """The second half of a layer: add its counters and charge it on the forward's
+        timeline. Takes the `pending` the last `decide` returned, exactly once."""
+        start = perf_counter()
+        if pending is not self._pending:
+            raise RuntimeError(
+                "account(pending) takes the layer the last decide() returned, once"
+                + (f" (layer {self._pending.layer} is pending)" if self._pending is not None else "")
+            )
+        self._pending = None
+        c, plan, loads = self.counters, pending.plan, pending._loads
+        assert loads is not None and self._timeline is not None
+        free = self.free_movement
+        pairs = int(loads.sum())  # only routed experts have tokens
+        missed = int(loads[pending.missing].sum()) if pending.missing else 0
+        cpu_loads = loads[pending._cpu_index] if pending.cpu else _NO_LOADS
+        n_scratch, n_cached = pending.n_scratch, pending.n_cached_sync
+        async_targets = pending.async_targets
+        n_sync = n_scratch if free else len(plan.fetch_sync)
         c.routed_pairs += pairs
         c.missed_pairs += missed
         self._step_routed += pairs
         self._step_missed += missed
-        c.cpu_expert_tokens += int(load[sorted(cpu)].sum())
-        c.copies_scratch += len(scratch)
-        c.copies_sync += 0 if free else len(cached_sync)
-        c.copies_free += len(cached_sync) if free else 0
+        c.cpu_expert_tokens += int(cpu_loads.sum()) if pending.cpu else 0
+        c.copies_scratch += n_scratch
+        c.copies_sync += 0 if free else n_cached
+        c.copies_free += n_cached if free else 0
         c.copies_async += len(async_targets)
-        gpu_ids, cpu_ids = sorted(gpu), sorted(cpu)
         if self.topology.multi:  # the GPUs run their experts concurrently: the slowest one counts
             assert plan.device is not None
-            gpu_s = self.topology.layer_time(self.cost, load, plan.device)
+            gpu_s = self.topology.layer_time(self.cost, pending.load, plan.device)
         else:
-            gpu_s = float(self.cost.gpu_expert_times(load[gpu_ids]).sum())
-        cpu_s = float(self.cost.cpu_expert_times(load[cpu_ids]).sum())
-        assert self._timeline is not None
+            gpu_s = self.cost.gpu_expert_total(loads[pending._gpu_index]) if pending.gpu else 0.0
+        cpu_s = self.cost.cpu_expert_total(cpu_loads)
         timing = self._timeline.charge_layer(
-            layer, gpu_s, cpu_s, n_sync, gpu_ids, async_targets, self.system.overlap
+            pending.layer, gpu_s, cpu_s, n_sync, pending.gpu, async_targets, self.system.overlap
         )
         c.time_gpu_experts_s += timing.gpu_s
         c.time_cpu_experts_s += timing.cpu_s
         c.time_copies_s += timing.copies_s
         c.busy_cpu_experts_s += cpu_s
         c.busy_copies_s += self.cost.copy_time(n_sync + len(async_targets))
+        self._host_plan_s += pending.plan_s
+        self._host_layer_steps += 1
+        self._host_engine_s += pending.engine_s + (perf_counter() - start)
+
+    def host_seconds(self) -> dict[str, float | int]:
+        """Wall-clock host seconds of this process since the engine was made: inside
+        `System.plan` (host_plan_s), the engine's own bookkeeping of decide + account
+        without the plan (host_engine_s), over host_layer_steps accounted layers. Not in
+        `summary()`: summaries are compared exactly across runs, these never repeat."""
+        return {
+            "host_plan_s": self._host_plan_s,
+            "host_engine_s": self._host_engine_s,
+            "host_layer_steps": self._host_layer_steps,
+        }
 
     # ---- results -----------------------------------------------------------------------
     def layer_resident(self, layer: int) -> frozenset[int]:
@@ -395,8 +559,9 @@ class OffloadEngine:
             from_loads = -(-int(loads[s].sum(-1).max()) // top_k) if loads.shape[1] else 0
             n_tokens = trace.n_tokens[s] or from_loads
             self.begin_step(step, n_tokens, trace.n_context[s] or n_tokens)
+            rows = loads[s].to(torch.long).unbind(0)  # one conversion per forward, not per layer
             for layer in range(self.n_layers):
                 wants = self.system.wants_hint and layer + 1 < self.n_layers
-                self.plan_layer(layer, loads[s, layer], trace.hint(s, layer) if wants else None)
+                self.plan_layer(layer, rows[layer], trace.hint(s, layer) if wants else None)
             self.end_step()
         return self.summary()

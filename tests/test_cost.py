@@ -221,3 +221,25 @@ def test_profile_local_warns_and_repairs_a_noisy_table(tmp_path: Path, monkeypat
     entry = profile["shapes"][expert_shape(TINY)]
     assert entry["cpu_table_seconds"][0] == 1e-4 and entry["cpu_table_seconds_raw"][0] == 5e-3
     assert "at [1] tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("profile", ["a100", "table", "slow_gpu"])
+def test_expert_totals_are_the_bits_of_the_torch_sums(profile: str) -> None:
+    """gpu_expert_total / cpu_expert_total (the engine's per-layer charge) equal summing
+    the vector functions' tensors in torch, bit for bit: constant runs (memory-bound
+    experts), mixed runs, zeros, negatives and loads past the first table."""
+    hw = {
+        "a100": HardwareConfig(),
+        "table": HardwareConfig(cpu_table_shape=expert_shape(MINI), cpu_table_tokens=[1, 2, 4, 16],
+                                cpu_table_seconds=[3e-4, 3.5e-4, 6e-4, 2e-3]),
+        "slow_gpu": HardwareConfig(gpu_bf16_tflops=0.5),
+    }[profile]
+    cost = CostModel(MINI, hw)
+    gen = torch.Generator().manual_seed(0)
+    cases = [torch.zeros(0, dtype=torch.long), torch.tensor([0, 0]), torch.tensor([-3, 2, 5]), torch.tensor([4000])]
+    for k in (1, 2, 3, 7, 8, 9, 31, 64, 100, 165, 256):
+        for high in (2, 8, 40, 300, 1000):
+            cases.append(torch.randint(1, high, (k,), generator=gen))
+    for loads in cases:
+        assert cost.gpu_expert_total(loads.numpy()) == float(cost.gpu_expert_times(loads).sum())
+        assert cost.cpu_expert_total(loads.numpy()) == float(cost.cpu_expert_times(loads).sum())
