@@ -300,6 +300,9 @@ def summary_lines(result: dict[str, Any], show_text: bool = True) -> list[str]:
     lossless = (f"lossless={m['lossless']} (match {100 * m['token_match_rate']:.1f}%)" if "lossless" in m
                 else "lossless=n/a (replay: no numerics)")
     speed = f"{result['timing']} {m['tokens_per_s']:.1f} tokens/s"
+    if m.get("measured_time_s"):  # how much of the measured time was the planner's and harness's Python
+        share = (m["measured_host_plan_s"] + m["measured_host_engine_s"]) / m["measured_time_s"]
+        speed += f" ({100 * share:.0f}% host planning)"
     if "modeled_tokens_per_s" in m:  # a measured run also reports the model's prediction
         speed += f", modeled {m['modeled_tokens_per_s']:.1f}"
     speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({result['source']})"

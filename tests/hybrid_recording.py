@@ -104,12 +104,12 @@ class Recorder:
         return recorded
 
     def install(self, engine: OffloadEngine) -> None:
-        plan_layer, run_experts = engine.plan_layer, self.executor.run_experts
+        decide, run_experts = engine.decide, self.executor.run_experts
 
-        def planned(layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> LayerPlan:
-            plan = plan_layer(layer, load, hint)
+        def planned(layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> tuple[LayerPlan, Any]:
+            plan, pending = decide(layer, load, hint)
             self.calls.append(LayerCall(layer, plan))
-            return plan
+            return plan, pending
 
         def ran(layer: int, *args: Any) -> torch.Tensor:
             out = run_experts(layer, *args)
@@ -118,7 +118,7 @@ class Recorder:
             call.scratch_bytes_after = self.runtime.live_bytes["scratch"]
             return out
 
-        engine.plan_layer = planned  # type: ignore[method-assign]
+        engine.decide = planned  # type: ignore[method-assign]
         self.executor.run_experts = ran  # type: ignore[method-assign]
 
 

@@ -2,8 +2,10 @@
 on the CPU, weights moving on a copy stream (issue 7; DESIGN sections 4 and 8).
 
 The executor implements the `ExpertEngine` protocol around an `OffloadEngine`: per MoE
-layer the engine decides (`plan_layer`: the system's plan, validated, residency and
-counters updated, the cost model charged) and the executor carries the plan out:
+layer the engine decides (`decide`: the system's plan, validated, residency updated) and
+the executor carries the plan out; the engine's accounting (`account`: counters, the
+modeled time) runs once the GPU work is queued, so it overlaps the device instead of
+delaying it:
 
 1. moves, in this order: evictions free slots (recording when their last reader ran);
    sync fetches are queued on the copy stream (into a slot, or a one-use buffer for
@@ -169,7 +171,7 @@ class HybridExecutor:
         load = expert_load(idx, engine.n_experts).to(rt.host)
         wants = engine.system.wants_hint or engine.record_hints
         hint = hint_fn().to(rt.host) if (hint_fn is not None and wants) else None
-        plan = engine.plan_layer(layer, load, hint)
+        plan, pending = engine.decide(layer, load, hint)  # the system's plan, checked; residency moved
         rt.note("plan", layer)
         scratch = self._apply_moves(layer, plan)
         buffer = x.new_zeros(idx.numel(), x.shape[1])
@@ -179,6 +181,8 @@ class HybridExecutor:
             cpu_job = self._start_cpu(layer, x, idx, w, cpu_mask)
         self._run_gpu(layer, x, idx, w, plan.gpu.to(torch.bool), scratch, buffer)
         del scratch  # one-use buffers: never resident, freed once the queued kernels ran
+        # the harness's own bookkeeping (counters, modeled time) runs while the device computes
+        engine.account(pending)
         if bool(cpu_mask.any()):
             if cpu_job is None:  # no overlap: the CPU starts when the GPU has finished
                 rt.wait_compute(layer)
@@ -269,7 +273,12 @@ class HybridExecutor:
         """Measured figures for result.json (numbers only: they become metrics)."""
         total = sum(s.wall_s for s in self.steps)
         peak = self.runtime.peak_bytes()
+        host = self.engine.host_seconds()
         return {
+            # host seconds of the system's planning and of the harness's own bookkeeping
+            # inside the measured time: what the harness adds to a real deployment's step
+            "measured_host_plan_s": host["host_plan_s"],
+            "measured_host_engine_s": host["host_engine_s"],
             "measured_time_s": total,
             "measured_gpu_span_s": sum(s.gpu_span_s for s in self.steps),
             "measured_gpu_experts_s": sum(s.gpu_experts_s for s in self.steps),
