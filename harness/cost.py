@@ -45,6 +45,7 @@ on this machine (measuring on first use).
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,6 +130,17 @@ class NonExpertTime:
         return self.before_moe + self.n_moe_layers * self.per_moe_layer + self.head
 
 
+def suffix_min(seconds: Sequence[float]) -> list[float]:
+    """Each entry no larger than any later one: a call on n tokens can always be padded to
+    a later row's n' > n tokens, so t(n) <= t(n') is achievable; a larger measured t(n) is
+    noise (another process on the cores), and it must not raise the rows after it."""
+    out, running = [], math.inf
+    for s in reversed(seconds):
+        running = min(running, s)
+        out.append(running)
+    return out[::-1]
+
+
 class CostModel:
     """Seconds for experts, copies and non-expert work under one hardware profile."""
 
@@ -155,11 +167,9 @@ class CostModel:
                 f"hardware.cpu_table_shape={hw.cpu_table_shape!r} was measured for another expert shape "
                 f"than this model's {expert_shape(geometry)}; re-profile with hardware=local"
             )
-        seconds, running = [], 0.0
-        for s in hw.cpu_table_seconds:  # timing noise must not make more tokens cheaper
-            running = max(running, float(s))
-            seconds.append(running)
-        return list(hw.cpu_table_tokens), seconds
+        # timing noise must not make more tokens cheaper; it only ever adds time, so a row
+        # above a later one is the noisy one (see suffix_min)
+        return list(hw.cpu_table_tokens), suffix_min([float(s) for s in hw.cpu_table_seconds])
 
     # ---- experts and copies ----------------------------------------------------------
     def _roofline(self, n: float, bw: float, flops: float, overhead: float) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from harness.cost import BYTES_PER_PARAM, expert_shape
+from harness.cost import BYTES_PER_PARAM, expert_shape, suffix_min
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
 
@@ -44,17 +44,6 @@ def _least_seconds(fn, reps: int) -> float:
         fn()
         samples.append(time.perf_counter() - t)
     return min(samples)
-
-
-def suffix_min(seconds: Sequence[float]) -> list[float]:
-    """Each entry no larger than any later one: a call on n tokens can always be padded to
-    a later row's n' > n tokens, so t(n) <= t(n') is achievable; a larger measured t(n) is
-    noise (another process on the cores), and it must not raise the rows after it."""
-    out, running = [], math.inf
-    for s in reversed(seconds):
-        running = min(running, s)
-        out.append(running)
-    return out[::-1]
 
 
 def _expert_weights(geometry: LLaDA2Config, copies: int, device: str) -> list[tuple[torch.Tensor, ...]]:
