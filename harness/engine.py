@@ -2,9 +2,9 @@
 
 A system only answers `plan(layer, load, hint, resident)`; the engine owns residency
 (per layer a set of at most B experts on the GPU), checks every plan against the rules
-below, applies it, counts what it implies and charges it with the cost model's forward
-timeline (harness/cost.py). It needs no weights: `plan_layer` is the replay API, and
-`run_experts` (the live MoE layer's entry) adds the numerics.
+(harness/plan_rules.py), applies it, counts what it implies and charges it with the cost
+model's forward timeline (harness/cost.py). It needs no weights: `plan_layer` is the
+replay API, and `run_experts` (the live MoE layer's entry) adds the numerics.
 
 One layer is two halves, `plan_layer(layer, load, hint) = decide + account`:
 
@@ -25,18 +25,10 @@ own bookkeeping (decide + account without the plan) per layer; `host_seconds()` 
 them. They are wall-clock figures of this process, so they are not in `summary()`
 (summaries are compared exactly across runs).
 
-Rules a plan must keep (a violation raises `PlanError` naming system, layer and rule):
-every routed expert (load > 0) is computed exactly once, on the GPU or on the CPU, and
-nothing unrouted is computed; an expert computed on the GPU is resident or fetched sync
-by this plan; an evicted expert is resident and not computed on the GPU in this plan; a
-fetched expert is not already resident; scratch copies are sync fetches used once on the
-GPU and never cached; capacity: resident - evicted + cached sync fetches + async fetches
-<= B (scratch copies do not count). A plan may also fetch asynchronously into
-layer l+1's cache (evicting from it), under the same capacity rule for layer l+1.
-
-With topology=multi (expert parallelism, harness/topology.py) every expert is resident
-on one of several GPUs: a plan also names each expert's GPU (`plan.device`), computes
-nothing on the CPU and moves nothing, and the layer's GPU time is its slowest GPU's.
+Rules a plan must keep: listed in harness/plan_rules.py, whose `PlanRules.check` raises
+`PlanError` (re-exported here) naming system, layer and rule. With topology=multi
+(harness/topology.py) every expert stays resident on the GPU its plan names, and the
+layer's GPU time is its slowest GPU's.
 
 Counters: a missed pair is a routed token-expert pair whose expert was not resident when
 the layer started (for a system with free movement, the oracle, after its free moves);
@@ -65,31 +57,13 @@ import torch
 from harness.cost import CostModel, ForwardTimeline
 from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, HintFn, compute_routed_experts, expert_load
+from harness.plan_rules import PlanError, PlanRules
 from harness.topology import SINGLE, Topology, check_system_topology
 from harness.trace import RoutingTrace
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 
-INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+__all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in harness/plan_rules.py
 
-
-class PlanError(AssertionError):
-    def __init__(self, system: str, layer: int, rule: str, detail: str) -> None:
-        super().__init__(f"system {system!r}, layer {layer}: plan breaks rule '{rule}': {detail}")
-        self.system, self.layer, self.rule = system, layer, rule
-
-
-def _mask_ids(mask: torch.Tensor) -> tuple[list[int], np.ndarray | list[int]]:
-    """The set entries of a bool [E] mask, ascending, and an index that picks them from
-    a numpy array of E values (the mask itself as numpy, on the CPU)."""
-    if mask.device.type == "cpu":
-        flags = mask.numpy()
-        return flags.nonzero()[0].tolist(), flags
-    ids = torch.nonzero(mask).flatten().tolist()
-    return ids, ids
-
-
-_NO_IDS: frozenset[int] = frozenset()
-_INT_TYPE = {int}
 _NO_LOADS = np.zeros(0, np.int64)
 
 
@@ -112,7 +86,7 @@ class PendingLayer:
     _loads: np.ndarray | None = None  # numpy view of `load`
     _gpu_index: Any = None  # picks the GPU experts' loads from _loads
     _cpu_index: Any = None
-    _scratch: set[int] | frozenset[int] = _NO_IDS  # plan.scratch as a set
+    _scratch: set[int] | frozenset[int] = frozenset()  # plan.scratch as a set
 
 
 @dataclass
@@ -153,9 +127,9 @@ class OffloadEngine:
         self.n_layers = geometry.n_moe_layers
         self.n_experts = geometry.num_experts
         self.experts_per_layer = experts_per_layer
-        self._expert_ids = frozenset(range(self.n_experts))
         # gpu_only ignores the budget: it is the all-resident reference, not an offloader.
         self.capacity = self.n_experts if system.ignores_budget else experts_per_layer
+        self.rules = PlanRules(system.name, self.n_experts, self.n_layers, self.capacity, self.topology)
         self.free_movement = system.free_movement
         self.cost = cost
         self.trace = trace
@@ -180,19 +154,7 @@ class OffloadEngine:
         )
         self.system.prepare(ctx)
         initial = self.system.initial_residency(self.n_layers, self.n_experts, self.capacity)
-        if len(initial) != self.n_layers:
-            raise PlanError(
-                self.system.name, -1, "initial-residency", f"{len(initial)} layers, expected {self.n_layers}"
-            )
-        for layer, experts in enumerate(initial):
-            bad = [e for e in experts if not 0 <= e < self.n_experts]
-            if bad or len(experts) > self.capacity:
-                raise PlanError(
-                    self.system.name,
-                    layer,
-                    "initial-residency",
-                    f"{len(experts)} experts (capacity {self.capacity}), bad ids {bad}",
-                )
+        self.rules.check_initial(initial)
         self.resident = [set(experts) for experts in initial]
         self._prepared = True
 
@@ -267,7 +229,12 @@ class OffloadEngine:
         plan_start = perf_counter()
         plan = system.plan(layer, load, hint if system.wants_hint else None, held)
         plan_s = perf_counter() - plan_start
-        pending = self._check(layer, load, plan, resident)
+        # checks read residency as it is before the plan; `_move` then applies the plan
+        gpu, cpu, missing, scratch, loads, gpu_index, cpu_index = self.rules.check(layer, load, plan, self.resident)
+        pending = PendingLayer(
+            layer, plan, load, gpu, cpu, missing, len(scratch), 0,
+            _loads=loads, _gpu_index=gpu_index, _cpu_index=cpu_index, _scratch=scratch,
+        )
         self._move(pending, resident)
         pending.plan_s = plan_s
         self._pending = pending
@@ -290,136 +257,6 @@ class OffloadEngine:
         # One call over every routed expert: splitting GPU and CPU experts into two calls
         # would change the summation order and break bit-identity with gpu_only.
         return compute_routed_experts(x, topk_idx, topk_w, experts)
-
-    # ---- validation --------------------------------------------------------------------
-    def _fail(self, layer: int, rule: str, detail: str) -> None:
-        raise PlanError(self.system.name, layer, rule, detail)
-
-    def _check_list(self, layer: int, name: str, items: list[int]) -> set[int] | frozenset[int]:
-        if not len(items):
-            return _NO_IDS
-        try:
-            ids = set(items)
-        except TypeError:  # unhashable entries: bad ids, reported below
-            ids = set()
-        if len(ids) == len(items) and ids <= self._expert_ids and set(map(type, ids)) == _INT_TYPE:
-            return ids  # plain ints in range, no repeats: the rules below hold
-        bad = [e for e in items if not (isinstance(e, int) and 0 <= e < self.n_experts)]
-        if bad:
-            self._fail(layer, "bad-id", f"{name} holds {bad[:5]}")
-        if len(set(items)) != len(items):
-            self._fail(layer, "duplicate", f"{name} lists an expert twice")
-        return set(items)
-
-    def _check(self, layer: int, load: torch.Tensor, plan: LayerPlan, resident: set[int]) -> PendingLayer:
-        """Every rule, in this order (the first broken one raises). Each test is the set
-        rule itself, written for the common case (few moves) so that a valid plan costs
-        a few list and set operations."""
-        E = self.n_experts
-        for name in ("gpu", "cpu"):
-            mask = getattr(plan, name)
-            if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (E,)):
-                self._fail(layer, "shape", f"plan.{name} must be a bool tensor [{E}]")
-        loads = load.numpy()
-        routed = (loads > 0).nonzero()[0].tolist()
-        gpu, gpu_index = _mask_ids(plan.gpu)
-        cpu, cpu_index = _mask_ids(plan.cpu)
-        if loads.shape[0] != E:  # the masks cannot pick from a load of another length
-            gpu_index, cpu_index = gpu, cpu
-        sync = self._check_list(layer, "fetch_sync", plan.fetch_sync)
-        asyn = self._check_list(layer, "fetch_async", plan.fetch_async)
-        scratch = self._check_list(layer, "scratch", plan.scratch)
-        evict = self._check_list(layer, "evict", plan.evict)
-        # gpu and cpu (ascending, no repeats) split the routed experts exactly when the
-        # ascending merge of both is the routed list
-        if (sorted(gpu + cpu) if cpu else gpu) != routed:
-            self._check_routing(layer, set(routed), set(gpu), set(cpu))
-        if evict and not resident.issuperset(evict):
-            self._fail(layer, "evict-not-resident", f"experts {sorted(evict - resident)[:5]}")
-        if (sync or asyn) and (
-            ((sync | asyn) & resident or sync & asyn) if asyn else not resident.isdisjoint(sync)
-        ):
-            self._fail(
-                layer,
-                "fetch-resident",
-                f"experts {sorted(((sync | asyn) & resident) | (sync & asyn))[:5]}"
-                " are already resident or fetched twice",
-            )
-        gpu_set = set(gpu) if scratch or evict else _NO_IDS
-        if not scratch <= sync:
-            self._fail(
-                layer, "scratch-not-sync", f"scratch experts {sorted(scratch - sync)[:5]} not in fetch_sync"
-            )
-        if not scratch <= gpu_set:
-            self._fail(
-                layer, "scratch-not-gpu", f"scratch experts {sorted(scratch - gpu_set)[:5]} not computed on GPU"
-            )
-        if not gpu_set.isdisjoint(evict):
-            self._fail(layer, "evicted-computed-on-gpu", f"experts {sorted(evict & gpu_set)[:5]}")
-        # GPU experts not resident now: each must be fetched sync; they are this layer's GPU misses
-        if resident.issuperset(gpu):
-            gpu_missing: list[int] = []
-        else:
-            not_resident = (gpu_set or set(gpu)) - resident
-            if not not_resident <= sync:
-                self._fail(
-                    layer,
-                    "gpu-not-resident",
-                    f"experts {sorted(not_resident - sync)[:5]} neither resident nor fetched sync",
-                )
-            gpu_missing = list(not_resident)
-        # len(resident - evict) + len(sync - scratch) + len(asyn): evict is resident and
-        # scratch is sync (both checked above), and no list repeats an expert
-        kept = len(resident) - len(evict) + len(sync) - len(scratch) + len(asyn)
-        if kept > self.capacity:
-            self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
-        if plan.prefetch or plan.prefetch_evict:
-            self._check_prefetch(layer, plan)
-        if self.topology.multi:
-            self._check_devices(layer, plan, set(cpu))
-        return PendingLayer(
-            layer, plan, load, gpu, cpu, gpu_missing, len(scratch), 0,
-            _loads=loads, _gpu_index=gpu_index, _cpu_index=cpu_index, _scratch=scratch,
-        )
-
-    def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
-        """The three rules on where the routed experts compute; called once one is broken."""
-        if gpu & cpu:
-            self._fail(layer, "computed-twice", f"experts {sorted(gpu & cpu)[:5]} on both GPU and CPU")
-        if routed - gpu - cpu:
-            self._fail(layer, "routed-not-computed", f"routed experts {sorted(routed - gpu - cpu)[:5]}")
-        if (gpu | cpu) - routed:
-            self._fail(
-                layer, "unrouted-computed", f"experts {sorted((gpu | cpu) - routed)[:5]} have no tokens"
-            )
-        raise AssertionError(f"layer {layer}: the GPU and CPU experts do not split the routed ones")
-
-    def _check_devices(self, layer: int, plan: LayerPlan, cpu: set[int]) -> None:
-        """Expert parallelism: every expert on one of the GPUs, nothing offloaded."""
-        device, E, G = plan.device, self.n_experts, self.topology.n_gpus
-        if not (isinstance(device, torch.Tensor) and device.shape == (E,)) or device.dtype not in INT_DTYPES:
-            self._fail(layer, "device", f"topology=multi needs plan.device, an int tensor [{E}]")
-        if int(device.min()) < 0 or int(device.max()) >= G:
-            self._fail(layer, "device", f"plan.device names GPUs outside 0..{G - 1}")
-        if cpu or plan.fetch_sync or plan.fetch_async or plan.evict or plan.prefetch or plan.prefetch_evict:
-            self._fail(layer, "multi-gpu-offload", "topology=multi keeps every expert resident: no CPU, no moves")
-
-    def _check_prefetch(self, layer: int, plan: LayerPlan) -> None:
-        if layer + 1 >= self.n_layers:
-            self._fail(layer, "prefetch-last-layer", "the last MoE layer has no next layer to prefetch into")
-        nxt = self.resident[layer + 1]
-        fetch = self._check_list(layer, "prefetch", plan.prefetch)
-        evict = self._check_list(layer, "prefetch_evict", plan.prefetch_evict)
-        if evict - nxt:
-            self._fail(
-                layer, "prefetch-evict-not-resident", f"layer {layer + 1} experts {sorted(evict - nxt)[:5]}"
-            )
-        if fetch & nxt:
-            self._fail(layer, "prefetch-resident", f"layer {layer + 1} experts {sorted(fetch & nxt)[:5]}")
-        if len(nxt - evict) + len(fetch) > self.capacity:
-            self._fail(
-                layer, "prefetch-capacity", f"layer {layer + 1} would hold {len(nxt - evict) + len(fetch)}"
-            )
 
     # ---- apply and charge --------------------------------------------------------------
     def _move(self, pending: PendingLayer, resident: set[int]) -> None:
