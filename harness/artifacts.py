@@ -9,15 +9,25 @@ All three depend only on the model, its weights, the prompts and the decode sett
 on the system: on one device every system produces the gpu_only tokens bit for bit, so it
 also routes exactly like gpu_only. The model is loaded only when something must be
 computed; a cache hit costs a file read.
+
+They also depend on the code that computes them: a change in how the model or the
+decoding loop rounds (a different kernel, another summation order) changes tokens, and a
+reference from the old code would then fail every lossless check of the new one. So the
+key holds a fingerprint of that code (`NUMERICS_SOURCES`) and of the torch version, and
+for real weights the size and modification time of the checkpoint's files: after any of
+them changes, the artifacts are computed again.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from omegaconf import DictConfig
 
 from harness.cost import CostModel, HardwareConfig
@@ -35,14 +45,42 @@ if TYPE_CHECKING:
 ModelLoader = Callable[[], "LoadedModel"]
 
 
+# the code that decides tokens and routing, relative to harness/ (see the module docstring)
+NUMERICS_SOURCES = ("model/llada2.py", "model/experts.py", "model/checkpoint.py", "model/config.py",
+                    "model/proxy.py", "decoding.py", "workload.py")
+
+
+def code_fingerprint(root: Path, sources: tuple[str, ...]) -> str:
+    """A digest of the torch version and the source files (names and bytes) under root."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for rel in sources:
+        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def numerics_fingerprint() -> str:
+    return code_fingerprint(Path(__file__).resolve().parent, NUMERICS_SOURCES)
+
+
+def checkpoint_files(path: Path) -> str:
+    """Size and modification time of a real checkpoint's weights and configs: a checkpoint
+    replaced at the same path gets new artifacts."""
+    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in path.glob("*") if p.suffix in (".safetensors", ".json"))
+    return fingerprint({"files": stats})
+
+
 def model_identity(cfg: DictConfig) -> dict[str, Any]:
     """What determines routing and tokens besides the prompts and decode settings."""
+    identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint()}
     if cfg.model.path is not None:
-        weights, checkpoint = "real", str(Path(cfg.model.path).resolve())
-    else:
-        weights = "proxy"
-        checkpoint = str(proxy_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed).resolve())
-    return {"model": cfg.model.name, "weights": weights, "checkpoint": checkpoint, "dtype": cfg.model.dtype}
+        checkpoint = Path(cfg.model.path).resolve()
+        identity.update(weights="real", checkpoint=str(checkpoint), checkpoint_files=checkpoint_files(checkpoint))
+    else:  # a proxy is rebuilt from its seed by the code fingerprinted above
+        checkpoint = proxy_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed).resolve()
+        identity.update(weights="proxy", checkpoint=str(checkpoint))
+    return identity
 
 
 def artifact_key(cfg: DictConfig, settings: DecodeSettings, prompts: list[str]) -> str:
