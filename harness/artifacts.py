@@ -63,6 +63,18 @@ def numerics_fingerprint() -> str:
     return code_fingerprint(Path(__file__).resolve().parent, NUMERICS_SOURCES)
 
 
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """A digest of every source file of the harness and the systems: which code produced a
+    result (recorded in result.json; resume=true reuses only results of the same code)."""
+    import systems
+
+    roots = [Path(__file__).resolve().parent, Path(systems.__file__).resolve().parent]
+    base = roots[0].parent
+    sources = tuple(sorted(str(f.relative_to(base)) for root in roots for f in root.rglob("*.py")))
+    return code_fingerprint(base, sources)
+
+
 def checkpoint_files(path: Path) -> str:
     """Size and modification time of a real checkpoint's weights and configs: a checkpoint
     replaced at the same path gets new artifacts."""

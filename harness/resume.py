@@ -6,8 +6,9 @@ finished job an index file `<cache_dir>/results/<hash>.json` is written atomical
 pointing at its result.json. A sweep that is run again (which gets a new timestamped
 sweep dir) therefore finds the results of the earlier, interrupted sweep wherever they
 are. A skipped job writes `resumed.json` into its own run dir, pointing at the result it
-reuses, so the sweep's summary still lists it. The code version is not part of the hash:
-after changing the code, run without resume.
+reuses, so the sweep's summary still lists it. The code is not part of the hash, but a
+result is reused only if it was produced by the same code (`versions.code` in result.json,
+a digest of every harness and systems source file): after a code change, resume reruns.
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ def index_result(config: Mapping[str, Any], run_dir: str | Path, cache_dir: str 
 
 
 def prior_result(config: Mapping[str, Any], cache_dir: str | Path) -> Path | None:
-    """The result.json of an earlier run of this exact config, if it is still there and intact."""
+    """The result.json of an earlier run of this exact config by this code, if it is still
+    there and intact."""
+    from harness.artifacts import code_version
+
     digest = config_hash(config)
     try:
         path = Path(read_json(index_path(cache_dir, digest))["result"])
         prior = read_json(path)
-        if config_hash(prior.get("config") or {}, prior.get("backend")) == digest:
+        same_code = (prior.get("versions") or {}).get("code") == code_version()
+        if same_code and config_hash(prior.get("config") or {}, prior.get("backend")) == digest:
             return path
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # no entry, a moved or damaged result: run the job again

@@ -288,8 +288,11 @@ def versions() -> dict[str, str]:
     import hydra
     import transformers
 
+    from harness.artifacts import code_version
+
     return {
-        "harness": harness.__version__, "python": platform.python_version(), "torch": torch.__version__,
+        "harness": harness.__version__, "code": code_version(), "python": platform.python_version(),
+        "torch": torch.__version__,
         "hydra": hydra.__version__, "transformers": transformers.__version__, "machine": platform.node(),
     }
 

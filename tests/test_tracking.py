@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import tracking
+from harness.artifacts import code_version
 from harness.results import write_json_atomic
 from harness.resume import config_hash, index_result, prior_result
 from tests.harness_cli import TINY, empty_store, run_module, runs_of, sqlite_uri
@@ -26,7 +27,7 @@ def hand_made_result(system: str = "tide", budget: str = "10GB") -> dict:
         "step_series": [{"global_step": g, "kind": "denoise", "block": 0, "step": g, "miss_rate": 0.1 * g,
                          "modeled_latency_s": 0.01} for g in range(5)],
         "system_report": {"lat_curve": [0.3, 0.2, 0.25], "d": 0.1},
-        "outputs": [], "steps": [], "first_text": "", "versions": {"machine": "testbox"},
+        "outputs": [], "steps": [], "first_text": "", "versions": {"machine": "testbox", "code": code_version()},
     }
 
 
@@ -112,6 +113,15 @@ def test_prior_result_requires_the_indexed_result_to_still_match(tmp_path: Path)
     assert prior_result(result["config"], tmp_path / "cache") is None
     (run_dir / "result.json").unlink()
     assert prior_result(result["config"], tmp_path / "cache") is None
+
+
+def test_resume_never_reuses_a_result_of_other_code(tmp_path: Path) -> None:
+    result = hand_made_result()
+    for code, expect_reuse in (("older-code", False), (None, False), (code_version(), True)):
+        versions = {"machine": "testbox"} if code is None else {"machine": "testbox", "code": code}
+        run_dir = write_run(tmp_path / str(code), {**result, "versions": versions})
+        index_result(result["config"], run_dir, tmp_path / "cache")
+        assert (prior_result(result["config"], tmp_path / "cache") is not None) == expect_reuse, code
 
 
 def test_resume_never_reuses_a_result_of_another_backend(tmp_path: Path) -> None:
