@@ -134,12 +134,20 @@ def _cached_trace(path: Path) -> RoutingTrace | None:
         return None  # a damaged cache entry is recorded again, never trusted
 
 
-def calibration_trace(cfg: DictConfig, settings: DecodeSettings, load: ModelLoader) -> RoutingTrace:
+def calibration_trace(cfg: DictConfig, settings: DecodeSettings, load: ModelLoader,
+                      backend: str = "cpu") -> RoutingTrace:
+    """The calibration routing, cached per backend: a device decodes in its own dtype with
+    its own kernels, so it routes (a little) differently from the host emulation."""
     prompts = [str(p) for p in cfg.calibration.prompts]
     if not prompts:
         raise HarnessError(f"system={cfg.system.name} learns from a calibration trace but calibration.prompts "
                            "is empty; list prompts under calibration.prompts")
-    path = Path(cfg.cache_dir) / "calibration" / f"{artifact_key(cfg, settings, prompts)}.npz"
+    key = artifact_key(cfg, settings, prompts)
+    if backend != "cpu":
+        from harness.hybrid.wiring import reference_key
+
+        key = reference_key(key, backend)
+    path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
     trace = _cached_trace(path)
     if trace is None:
         trace, _ = record_trace(load(), cfg, prompts, settings, "calibration")

@@ -192,7 +192,7 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     record = bool(cfg.trace.record)
     calibration = None
     if setup.system.needs_calibration or record:
-        calibration = calibration_trace(cfg, settings, model)
+        calibration = calibration_trace(cfg, settings, model, backend)
     ref_key, reference = reference_tokens(cfg, settings, prompts)
     if on_device:  # the reference is computed by this GPU's kernels: CPU kernels round differently
         ref_key = reference_key(ref_key, backend)

@@ -14,6 +14,7 @@ import torch
 from harness.cost import CostModel, HardwareConfig
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
+from harness.hybrid.executor import HybridExecutor
 from harness.hybrid.placement import PIN_FRACTION, attach, experts_nbytes
 from harness.hybrid.runtime import StandInRuntime
 from harness.hybrid.wiring import RESERVE_MIN_BYTES, all_gpu_engine, fitting_slots, slot_bytes
@@ -139,3 +140,17 @@ def test_in_the_device_dtype_every_system_decodes_the_all_gpu_tokens(tiny_dir) -
         batch = decode_with_engine(loaded, engine, PROMPTS, SETTINGS, desc=name)
         assert [o.generated for o in batch.outputs] == tokens, name
         assert engine.summary()["missed_pairs"] > 0, name
+
+
+def test_a_budget_the_device_cannot_hold_is_a_one_line_error(tiny_dir) -> None:
+    loaded = load_tiny(tiny_dir)
+    g = loaded.nominal
+    per_slot = slot_bytes(loaded, None)
+    attach(loaded.model, StandInRuntime(device_bytes=16 * g.n_moe_layers * per_slot - 1))
+    engine = OffloadEngine(make_system("mixtral_offload", {}), g, 16, CostModel(g, HardwareConfig()))
+    engine.prepare(None, SETTINGS.steps)
+    with pytest.raises(HarnessError, match=rf"16 experts per layer x {g.n_moe_layers} layers need .* smaller budget"):
+        HybridExecutor(engine, loaded.model.placement)
+    attach_ok = load_tiny(tiny_dir)
+    attach(attach_ok.model, StandInRuntime(device_bytes=16 * g.n_moe_layers * per_slot))
+    HybridExecutor(engine, attach_ok.model.placement).close()  # exactly enough

@@ -47,10 +47,12 @@ from harness.hybrid.placement import DevicePlacement, HostExperts
 from harness.hybrid.pool import SlotPool, fetch_scratch
 from harness.hybrid.runtime import Event
 from harness.model.experts import (
+    ExpertGroups,
     ExpertWeights,
     HintFn,
     combine,
     expert_load,
+    group_by_expert,
     sort_by_expert,
     weighted_expert_outputs,
 )
@@ -96,6 +98,7 @@ class HybridExecutor:
         self.engine, self.placement, self.runtime = engine, placement, placement.runtime
         self.overlap = engine.system.overlap
         self.runtime.reset_peak()  # the peak of this run: non-expert weights, pools, activations
+        self._check_pools_fit(engine.capacity, placement)
         self.pools = [SlotPool(self.runtime, layer, engine.capacity, host.views[0])
                       for layer, host in enumerate(placement.host)]
         self.pool_bytes = sum(p.nbytes for p in self.pools)
@@ -112,6 +115,20 @@ class HybridExecutor:
             for e in sorted(self.engine.resident[layer]):
                 pool.load(e, host.views[e], "initial")
         self._settle()
+
+    def _check_pools_fit(self, capacity: int, placement: DevicePlacement) -> None:
+        """A budget the device cannot hold is a one-line error, not an out-of-memory trace."""
+        memory = self.runtime.device_memory()
+        if memory is None:
+            return
+        slot = sum(w.numel() * w.element_size() for w in placement.host[0].views[0])
+        need = capacity * len(placement.host) * slot
+        if need > memory[0]:
+            raise HarnessError(
+                f"{capacity} experts per layer x {len(placement.host)} layers need {need / 1e9:.1f} GB of expert "
+                f"slots on the GPU, but {memory[0] / 1e9:.1f} GB are free after the non-expert weights; "
+                "choose a smaller budget"
+            )
 
     def _settle(self) -> None:
         self.runtime.synchronize()
@@ -168,7 +185,12 @@ class HybridExecutor:
     ) -> torch.Tensor:
         rt, engine = self.runtime, self.engine
         idx, w = sort_by_expert(topk_idx, topk_w)  # the canonical order, as compute_routed_experts
-        load = expert_load(idx, engine.n_experts).to(rt.host)
+        # the layer's one wait for the device: the plan needs the routing on the host; the
+        # grouping of rows by expert is then computed there too, so that launching the GPU
+        # experts never waits for a `.tolist()` on the device
+        idx_host = idx.to(rt.host)
+        load = expert_load(idx_host, engine.n_experts)
+        groups = group_by_expert(idx_host)
         wants = engine.system.wants_hint or engine.record_hints
         hint = hint_fn().to(rt.host) if (hint_fn is not None and wants) else None
         plan, pending = engine.decide(layer, load, hint)  # the system's plan, checked; residency moved
@@ -178,16 +200,17 @@ class HybridExecutor:
         cpu_mask = plan.cpu.to(torch.bool)
         cpu_job = None
         if self.overlap and bool(cpu_mask.any()):
-            cpu_job = self._start_cpu(layer, x, idx, w, cpu_mask)
-        self._run_gpu(layer, x, idx, w, plan.gpu.to(torch.bool), scratch, buffer)
+            cpu_job = self._start_cpu(layer, x, idx_host, w, cpu_mask, groups)
+        device_groups = groups._replace(order=rt.to_device(groups.order))
+        self._run_gpu(layer, x, idx, w, plan.gpu.to(torch.bool), scratch, buffer, device_groups)
         del scratch  # one-use buffers: never resident, freed once the queued kernels ran
         # the harness's own bookkeeping (counters, modeled time) runs while the device computes
         engine.account(pending)
         if bool(cpu_mask.any()):
             if cpu_job is None:  # no overlap: the CPU starts when the GPU has finished
                 rt.wait_compute(layer)
-                cpu_job = self._start_cpu(layer, x, idx, w, cpu_mask)
-            self._join_cpu(layer, cpu_job, idx, cpu_mask, buffer)
+                cpu_job = self._start_cpu(layer, x, idx_host, w, cpu_mask, groups)
+            self._join_cpu(layer, cpu_job, idx_host, cpu_mask, buffer)
         self._check_residency(layer, plan)
         rt.note("combine", layer)
         return combine(buffer, x.shape[0], idx.shape[1])
@@ -214,7 +237,7 @@ class HybridExecutor:
         return scratch
 
     def _run_gpu(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, mask: torch.Tensor,
-                 scratch: Scratch, buffer: torch.Tensor) -> None:
+                 scratch: Scratch, buffer: torch.Tensor, groups: ExpertGroups) -> None:
         ids = _ids(mask)
         if not ids:
             return
@@ -228,33 +251,34 @@ class HybridExecutor:
                 views[e] = self.pools[layer].weights(e)  # waits for its copy if still pending
         self.runtime.note("gpu", layer, tuple(ids))
         start = self.runtime.mark()
-        weighted_expert_outputs(x, idx, w, views, only=mask, buffer=buffer)
+        weighted_expert_outputs(x, idx, w, views, only=mask, buffer=buffer, groups=groups)
         if self._clock is not None:
             self._clock.expert_marks.append((start, self.runtime.mark()))
 
-    def _start_cpu(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                   mask: torch.Tensor) -> Future[tuple[torch.Tensor, float]]:
+    def _start_cpu(self, layer: int, x: torch.Tensor, idx_host: torch.Tensor, w: torch.Tensor,
+                   mask: torch.Tensor, groups: ExpertGroups) -> Future[tuple[torch.Tensor, float]]:
         host = self.runtime.host
-        x_host, idx_host, w_host = x.to(host), idx.to(host), w.to(host)
+        x_host, w_host = x.to(host), w.to(host)
         self.runtime.note("cpu_start", layer, tuple(_ids(mask)))
-        return self._worker.submit(self._cpu_experts, layer, x_host, idx_host, w_host, mask)
+        return self._worker.submit(self._cpu_experts, layer, x_host, idx_host, w_host, mask, groups)
 
     def _cpu_experts(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                     mask: torch.Tensor) -> tuple[torch.Tensor, float]:
+                     mask: torch.Tensor, groups: ExpertGroups) -> tuple[torch.Tensor, float]:
         """In the worker thread: torch CPU ops on the host copies of the experts."""
         with torch.inference_mode():  # thread-local: the model's forward set it in its own thread
             start = time.perf_counter()
-            rows = weighted_expert_outputs(x, idx, w, self.placement.host[layer].views, only=mask)
+            rows = weighted_expert_outputs(x, idx, w, self.placement.host[layer].views, only=mask, groups=groups)
             seconds = time.perf_counter() - start
         self.runtime.note("cpu_done", layer)
         return rows, seconds
 
-    def _join_cpu(self, layer: int, job: Future[tuple[torch.Tensor, float]], idx: torch.Tensor,
+    def _join_cpu(self, layer: int, job: Future[tuple[torch.Tensor, float]], idx_host: torch.Tensor,
                   mask: torch.Tensor, buffer: torch.Tensor) -> None:
         rows_host, seconds = job.result()
         self.runtime.note("join", layer)
-        rows = torch.nonzero(mask[idx.reshape(-1).to(mask.device)]).flatten()
-        buffer[rows.to(buffer.device)] = rows_host[rows].to(buffer.device)
+        rows = torch.nonzero(mask[idx_host.reshape(-1)]).flatten()  # on the host: no device wait
+        to_device = self.runtime.to_device
+        buffer[to_device(rows)] = to_device(rows_host[rows])
         if self._clock is not None:
             self._clock.cpu_s += seconds
 

@@ -31,7 +31,10 @@ class SlotPool:
         self.slot_of: dict[int, int] = {}  # resident expert -> its slot
         self.free = list(range(capacity - 1, -1, -1))  # pop() hands out slot 0 first
         self.landing: dict[int, Event] = {}  # slot -> its copy's event, until a wait has covered it
-        self.released: dict[int, Event] = {}  # freed slot -> event after its last reader
+        # freed slot -> event after its last reader; a fresh slot's memory came from the compute
+        # stream's cache, where queued kernels may still use it: its first copy waits for them
+        created = runtime.release()
+        self.released: dict[int, Event] = dict.fromkeys(range(capacity), created)
         self.high_water = 0
 
     @property

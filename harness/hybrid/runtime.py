@@ -6,7 +6,8 @@ Both expose the same small surface, so harness/hybrid/executor.py is one code pa
   `device_memory` (free and total device bytes) and `host_available` (host bytes that can
   still be pinned), which size the placement (harness/hybrid/placement.py, wiring.py);
 - copies: `copy_in` queues host->device copies on the copy stream after an optional
-  event and returns the event that marks them landed; `wait` makes the compute stream
+  event and returns the event that marks them landed; `to_device` queues a small host
+  tensor (row indices, CPU rows) on the compute stream without a host wait; `wait` makes the compute stream
   wait for such an event; `release` records an event on the compute stream (everything
   queued so far that reads a slot) so a later copy into that slot waits for it;
 - timing: `mark` records a timing event on the compute stream, `elapsed` reads two of
@@ -61,6 +62,7 @@ class Runtime(Protocol):
     def copy_in(self, dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], after: Event | None,
                 layer: int, expert: int, tag: str) -> Event: ...
     def wait(self, event: Event, layer: int) -> None: ...
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor: ...
     def release(self) -> Event: ...
     def wait_compute(self, layer: int) -> None: ...
     def synchronize(self) -> None: ...
@@ -114,6 +116,11 @@ class CudaRuntime:
 
     def wait(self, event: Event, layer: int) -> None:
         self.compute.wait_event(event)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A small host tensor on the device, queued on the compute stream without making the
+        host wait for it (a pageable source would: torch synchronizes after such a copy)."""
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     def release(self) -> Event:
         event = torch.cuda.Event()
@@ -212,6 +219,9 @@ class StandInRuntime:
     def wait(self, event: Event, layer: int) -> None:
         self._log(Op("wait", layer, (), event))
         self._land(event)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor  # the stand-in's device is the host
 
     def release(self) -> Event:
         return next(self._ids)  # compute is synchronous here: a slot is free once released

@@ -59,6 +59,22 @@ def sort_by_expert(topk_idx: torch.Tensor, topk_w: torch.Tensor) -> tuple[torch.
     return idx, topk_w.gather(-1, perm)
 
 
+class ExpertGroups(NamedTuple):
+    """The rows of [T*K] grouped by expert: `order` lists the row indices expert by expert
+    (tokens ascending), `ids` the routed experts ascending, `counts` their row counts."""
+
+    order: torch.Tensor
+    ids: list[int]
+    counts: list[int]
+
+
+def group_by_expert(topk_idx: torch.Tensor) -> ExpertGroups:
+    flat_idx = topk_idx.reshape(-1)
+    order = torch.argsort(flat_idx, stable=True)  # rows grouped by expert, tokens ascending
+    ids, counts = torch.unique_consecutive(flat_idx[order], return_counts=True)
+    return ExpertGroups(order, ids.tolist(), counts.tolist())
+
+
 def weighted_expert_outputs(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
@@ -66,22 +82,22 @@ def weighted_expert_outputs(
     experts: Sequence[ExpertWeights],
     only: torch.Tensor | None = None,
     buffer: torch.Tensor | None = None,
+    groups: ExpertGroups | None = None,
 ) -> torch.Tensor:
     """w[t,k] * expert_{idx[t,k]}(x[t]) into buffer[t*K + k] (rows of [T*K, H]).
 
     The loop is over active experts, never over tokens. `only`: bool [E] to compute a
-    subset (e.g. the experts placed on one device) into a shared buffer.
+    subset (e.g. the experts placed on one device) into a shared buffer. `groups`: the
+    grouping of `group_by_expert`, when the caller already has it (computed on the host,
+    it spares a device the synchronizing `.tolist()`); its `order` lives with `x`.
     """
     k = topk_idx.shape[1]
     if buffer is None:
         buffer = x.new_zeros(topk_idx.numel(), x.shape[1])
-    flat_idx = topk_idx.reshape(-1)
-    order = torch.argsort(flat_idx, stable=True)  # rows grouped by expert, tokens ascending
-    sorted_experts = flat_idx[order]
+    order, ids, counts = groups if groups is not None else group_by_expert(topk_idx)
     weights = topk_w.reshape(-1)[order]
-    ids, counts = torch.unique_consecutive(sorted_experts, return_counts=True)
     start = 0
-    for e, n in zip(ids.tolist(), counts.tolist(), strict=True):
+    for e, n in zip(ids, counts, strict=True):
         end = start + n
         if only is None or bool(only[e]):
             rows = order[start:end]
