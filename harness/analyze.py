@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, exit_with
 from harness.trace import RoutingTrace
 
 
@@ -126,8 +126,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_with(main, sys.argv[1:])

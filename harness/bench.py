@@ -31,7 +31,7 @@ from harness.config import register_configs
 from harness.cost import CostModel, load_hardware
 from harness.decoding import StepInfo
 from harness.engine import OffloadEngine
-from harness.errors import HarnessError
+from harness.errors import HarnessError, exit_with
 from harness.fast_replay import fast_path_refusal, fast_replay, summary_differences
 from harness.model import LLaDA2Config, nominal_geometry
 from harness.trace import RoutingTrace
@@ -167,8 +167,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_with(main, sys.argv[1:])

@@ -28,6 +28,7 @@ import torch
 from harness.cost import BYTES_PER_PARAM, expert_shape, suffix_min
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
+from harness.results import write_json_atomic
 
 PROFILE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_VERSION = 1
@@ -218,10 +219,7 @@ def profile_local(geometry: LLaDA2Config, out_path: str | Path, reps: int = 5) -
     profile.update(
         host=platform.node(), cpu=platform.processor() or platform.machine(), torch=torch.__version__
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(profile, indent=2))
-    tmp.replace(path)  # atomic: a concurrent run never reads half a profile
+    write_json_atomic(path, profile)  # a concurrent run never reads half a profile
     return profile
 
 

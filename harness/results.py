@@ -6,18 +6,21 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> Path:
+def write_atomic(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write `path` through `write(f)` on a temporary sibling, fsync it and rename it into
+    place; on any failure the temporary file goes and the old `path` stays untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are shared (SLURM file systems)
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=_jsonable)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -25,6 +28,11 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    text = json.dumps(obj, indent=2, sort_keys=False, default=_jsonable)
+    return write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def read_json(path: str | Path) -> Any:

@@ -21,8 +21,6 @@ On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import torch
 
 from harness.decoding import StepInfo
 from harness.errors import HarnessError
+from harness.results import write_atomic
 
 TRACE_SCHEMA = 1
 KINDS = ("prefill", "denoise", "commit")
@@ -88,8 +87,6 @@ class RoutingTrace:
 
     # ---- files -------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays: dict[str, np.ndarray] = {
             "schema_version": np.array(TRACE_SCHEMA),
             "geometry": np.array(json.dumps(self.geometry)),
@@ -108,17 +105,7 @@ class RoutingTrace:
         if self.has_hints:
             zeros = torch.zeros(self.n_layers, self.n_experts)
             arrays["hints"] = torch.stack([h if h is not None else zeros for h in self._hints]).numpy()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez_compressed(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(path, lambda f: np.savez_compressed(f, **arrays))
 
     @classmethod
     def load(cls, path: str | Path) -> RoutingTrace:

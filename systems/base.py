@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from harness.model.config import LLaDA2Config
     from harness.trace import RoutingTrace
 
+def resident_mask(resident: frozenset[int], n_experts: int) -> torch.Tensor:
+    """bool [E]: the experts a layer holds on the GPU, as a mask to combine with `load > 0`."""
+    mask = torch.zeros(n_experts, dtype=torch.bool)
+    mask[list(resident)] = True
+    return mask
+
+
 @dataclass
 class LayerPlan:
     """Where each routed expert of one layer is computed, and which weights move.

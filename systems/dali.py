@@ -46,7 +46,7 @@ import torch
 
 from harness.cost import CostModel
 from harness.errors import HarnessError
-from systems.base import LayerPlan, PrepareContext, System
+from systems.base import LayerPlan, PrepareContext, System, resident_mask
 
 
 @dataclass
@@ -178,8 +178,7 @@ class Dali(System):
         self.held[layer] = set(resident)  # the engine's residency is the truth
         self.score[layer] = self.decay * self.score[layer] + load.double()
         routed = load > 0
-        held = torch.zeros_like(routed)
-        held[list(resident)] = True
+        held = resident_mask(resident, routed.shape[0])
         on_gpu = greedy_assignment(load, held, self.ctx.cost) if self.assign else routed & held
         fetch = torch.nonzero(on_gpu & ~held).flatten().tolist()
         cached, scratch, evict = self._admit(layer, fetch, on_gpu)

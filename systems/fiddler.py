@@ -20,7 +20,7 @@ import torch
 
 from harness.errors import HarnessError
 from harness.tau_solver import top_b_mask
-from systems.base import LayerPlan, PrepareContext, System
+from systems.base import LayerPlan, PrepareContext, System, resident_mask
 
 
 @dataclass
@@ -57,8 +57,7 @@ class Fiddler(System):
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
         routed = load > 0
-        held = torch.zeros_like(routed)
-        held[list(resident)] = True
+        held = resident_mask(resident, routed.shape[0])
         cost = self.ctx.cost  # the per-miss rule of prefers_cpu, for all experts at once
         cheaper_on_cpu = cost.cpu_expert_times(load) <= cost.copy_time(1) + cost.gpu_expert_times(load)
         miss = routed & ~held

@@ -28,7 +28,7 @@ import torch
 
 from harness.errors import HarnessError
 from harness.tau_solver import TauSolution, refresh_residency, solve_tau
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.base import LayerPlan, PrepareContext, StepInfo, System, resident_mask
 
 MIGRATIONS = ("sync", "async")
 
@@ -133,8 +133,7 @@ class Tide(System):
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
         routed = load > 0
-        now = torch.zeros_like(routed)
-        now[list(resident)] = True
+        now = resident_mask(resident, routed.shape[0])
         if not self.refreshing:
             return LayerPlan(gpu=routed & now, cpu=routed & ~now)
         plan = refresh_plan(now, load, self.capacity, self.migration)

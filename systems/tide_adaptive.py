@@ -41,7 +41,7 @@ import torch
 
 from harness.errors import HarnessError
 from harness.tau_solver import top_b_mask
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.base import LayerPlan, PrepareContext, StepInfo, System, resident_mask
 from systems.tide import MIGRATIONS, refresh_plan
 
 
@@ -152,8 +152,7 @@ class TideAdaptive(System):
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
         routed = load > 0
-        now = torch.zeros_like(routed)
-        now[list(resident)] = True
+        now = resident_mask(resident, routed.shape[0])
         if self.current is not None and self.current.kind == "denoise":
             self._observe(load, now)
         if not self.refreshing:
