@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
 from harness.cost import CostModel, HardwareConfig
 from harness.decoding import DecodeSettings
@@ -39,6 +38,7 @@ from harness.results import fingerprint
 from harness.trace import RoutingTrace
 
 if TYPE_CHECKING:
+    from harness.config import HarnessConfig
     from harness.model import LoadedModel
     from harness.run import DecodeBatch
 
@@ -83,7 +83,7 @@ def checkpoint_files(path: Path) -> str:
     return fingerprint({"files": stats})
 
 
-def model_identity(cfg: DictConfig) -> dict[str, Any]:
+def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
     """What determines routing and tokens besides the prompts and decode settings."""
     identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint()}
     if cfg.model.path is not None:
@@ -95,17 +95,17 @@ def model_identity(cfg: DictConfig) -> dict[str, Any]:
     return identity
 
 
-def artifact_key(cfg: DictConfig, settings: DecodeSettings, prompts: list[str]) -> str:
+def artifact_key(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> str:
     return fingerprint({**model_identity(cfg), "decode": asdict(settings), "prompts": prompts})
 
 
-def new_trace(loaded: LoadedModel, cfg: DictConfig, settings: DecodeSettings, purpose: str) -> RoutingTrace:
+def new_trace(loaded: LoadedModel, cfg: HarnessConfig, settings: DecodeSettings, purpose: str) -> RoutingTrace:
     g = loaded.nominal
     meta = {"purpose": purpose, **model_identity(cfg), "decode": asdict(settings)}
     return RoutingTrace(g.n_moe_layers, g.num_experts, geometry=g.to_dict(), meta=meta)
 
 
-def record_trace(loaded: LoadedModel, cfg: DictConfig, prompts: list[str], settings: DecodeSettings,
+def record_trace(loaded: LoadedModel, cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings,
                  purpose: str) -> tuple[RoutingTrace, DecodeBatch]:
     """Decode with every expert in place and record the routing (with hints)."""
     from harness.hybrid.wiring import all_gpu_engine
@@ -134,7 +134,7 @@ def _cached_trace(path: Path) -> RoutingTrace | None:
         return None  # a damaged cache entry is recorded again, never trusted
 
 
-def calibration_trace(cfg: DictConfig, settings: DecodeSettings, load: ModelLoader,
+def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelLoader,
                       backend: str = "cpu") -> RoutingTrace:
     """The calibration routing, cached per backend: a device decodes in its own dtype with
     its own kernels, so it routes (a little) differently from the host emulation."""
@@ -155,7 +155,7 @@ def calibration_trace(cfg: DictConfig, settings: DecodeSettings, load: ModelLoad
     return trace
 
 
-def workload_trace(cfg: DictConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader
+def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader
                    ) -> tuple[RoutingTrace, Path]:
     """The gpu_only routing of the workload, recorded live on first use; its tokens are
     stored as the reference too, since they are the same decode."""
@@ -170,6 +170,6 @@ def workload_trace(cfg: DictConfig, prompts: list[str], settings: DecodeSettings
     return trace, path
 
 
-def reference_tokens(cfg: DictConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
+def reference_tokens(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
     key = artifact_key(cfg, settings, prompts)
     return key, load_reference(cfg.cache_dir, key)

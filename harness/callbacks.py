@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import sweep_run, tracking
 from harness.report import SWEEP_FILES, compact_line, record_from_result, sweep_markdown, sweep_records, sweep_table
+from harness.result import RunResult
 from harness.results import read_json
 
 SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
@@ -50,6 +51,11 @@ def sweep_dir(config: DictConfig) -> Path:
     return Path(str(config.hydra.sweep.dir))
 
 
+def tracking_of(config: DictConfig) -> tracking.TrackingConfig:
+    """The typed `tracking` part of the sweep's config."""
+    return OmegaConf.to_object(config.tracking)
+
+
 class SweepCallback(Callback):
     def __init__(self) -> None:
         self.parent_run_id: str | None = None  # created (or reused) by this process
@@ -62,13 +68,13 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         directory = sweep_dir(config)
         directory.mkdir(parents=True, exist_ok=True)
-        settings = tracking.tracking_settings(config)
+        settings = tracking_of(config)
         if not settings.enabled:
             return
         overrides = [str(o) for o in config.hydra.overrides.task]
         try:
             run_id, self.reused = sweep_run.open_parent_run(settings, directory, swept_models(config), overrides,
-                                                           resume=bool(config.get("resume", False)))
+                                                           resume=bool(config.resume))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "parent run", exc)
             return
@@ -88,7 +94,7 @@ class SweepCallback(Callback):
             reason = " ".join(str(job_return._return_value).split())[:200]
             print(f"[failed] {label}: {type(job_return._return_value).__name__}: {reason}", flush=True)
         elif (run_dir / "result.json").is_file() and not skipped_by_resume(run_dir):
-            record = record_from_result(read_json(run_dir / "result.json"), str(run_dir))
+            record = record_from_result(RunResult.from_json(run_dir / "result.json"), str(run_dir))
             print(compact_line(record, label), flush=True)
         # a job skipped by resume printed its own line
 
@@ -103,7 +109,7 @@ class SweepCallback(Callback):
             print((directory / SUMMARY_MD).read_text(), end="")
         if self.parent_run_id is None:
             return
-        settings = tracking.tracking_settings(config)
+        settings = tracking_of(config)
         try:
             if self.reused:  # results of the interrupted attempt whose logging was cut short
                 tracking.push([directory], settings)

@@ -56,7 +56,6 @@ import torch
 
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.structured import as_dataclass
 
 BYTES_PER_PARAM = 2  # bf16 weights everywhere in the model
 # Kernel launches charged per component (eager PyTorch): qkv, QK-norm+rope, attention,
@@ -92,6 +91,9 @@ class HardwareConfig:
     cpu_table_tokens: list[int] = field(default_factory=list)
     cpu_table_seconds: list[float] = field(default_factory=list)
     measured: str = ""  # what was measured on this machine (for the run record)
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> None:
         for key in ("gpu_hbm_gbps", "gpu_bf16_tflops", "pcie_gbps", "cpu_mem_gbps", "cpu_tflops"):
@@ -396,12 +398,10 @@ class ForwardTimeline:
         return self.clock
 
 
-def load_hardware(cfg_hw: Any, geometry: LLaDA2Config) -> HardwareConfig:
-    """The profile a run is charged with: `cfg_hw` itself for a static profile; for one
+def load_hardware(hw: HardwareConfig, geometry: LLaDA2Config) -> HardwareConfig:
+    """The profile a run is charged with: `hw` itself for a static profile; for one
     with `profile_path` (hardware=local) the measured figures, profiling this machine
     first when the file (or this expert shape in it) is missing and profile_if_missing."""
-    hw = as_dataclass(cfg_hw, HardwareConfig, "hardware")
-    hw.validate()
     if not hw.profile_path:
         return hw
     from harness import profiling  # measuring pulls in timing code only hardware=local needs
@@ -426,6 +426,4 @@ def load_hardware(cfg_hw: Any, geometry: LLaDA2Config) -> HardwareConfig:
     if entry.get("gpu"):
         updates.update({k: float(v) for k, v in entry["gpu"].items()})
         updates["measured"] = "cpu,gpu,pcie"
-    merged = HardwareConfig(**{**asdict(hw), **updates})
-    merged.validate()
-    return merged
+    return HardwareConfig(**{**asdict(hw), **updates})  # checked again in __post_init__

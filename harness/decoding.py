@@ -18,6 +18,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from harness.errors import HarnessError
+
 ForwardKind = Literal["prefill", "denoise", "commit"]
 
 
@@ -40,16 +42,41 @@ class StepInfo:
     kind: ForwardKind = "denoise"
 
 
-@dataclass(frozen=True)
+CACHE_MODES = ("prefix", "none")
+
+
+@dataclass
 class DecodeSettings:
+    """The decode settings, and the schema of the `decode` config node (harness/config.py):
+    conf/decode/*.yaml take block_length and steps from the top-level `block`."""
+
     gen_length: int = 32
     block_length: int = 32
     steps: int = 32  # denoising steps per block
     threshold: float = 0.95
     temperature: float = 0.0
-    cache: Literal["prefix", "none"] = "prefix"
+    cache: str = "prefix"  # prefix: cache finished blocks' K/V | none: recompute the window each step
     eos_early_stop: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Range and choice checks; each failure is one line naming the key and what is allowed."""
+        _require(self.gen_length > 0, f"decode.gen_length={self.gen_length} must be a positive number of tokens")
+        _require(self.block_length > 0,
+                 f"decode.block_length={self.block_length} must be positive (32 or 64 in the paper)")
+        _require(
+            1 <= self.steps <= self.block_length,
+            f"decode.steps={self.steps} cannot serve decode.block_length={self.block_length}: "
+            "steps per block must be between 1 and block_length",
+        )
+        _require(0 < self.threshold <= 1, f"decode.threshold={self.threshold} must be in (0, 1]")
+        _require(self.temperature >= 0, f"decode.temperature={self.temperature} must be >= 0 (0 = argmax)")
+        _require(self.cache in CACHE_MODES, f"decode.cache={self.cache!r} is not allowed; use prefix or none")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise HarnessError(message)
 
 
 @dataclass

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig
 
 from harness.artifacts import calibration_trace, workload_trace
+from harness.config import HarnessConfig
 from harness.errors import HarnessError
 from harness.fast_replay import replay_fast_or_exact
 from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometry
-from harness.results import write_json_atomic
-from harness.run import build_result, decode_settings, setup_run
+from harness.result import RunIdentity, RunResult
+from harness.run import build_result, setup_run
 from harness.trace import RoutingTrace
 from harness.workload import load_prompts
 
@@ -52,9 +50,9 @@ def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, 
     return trace, calibration
 
 
-def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     run_dir = Path(run_dir)
-    settings = decode_settings(cfg)
+    settings = cfg.decode
     setup = setup_run(cfg, nominal_geometry(cfg.model))
     loaded: list[LoadedModel] = []
 
@@ -82,12 +80,11 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "generated_tokens": trace.meta.get("generated_tokens", 0),
         "denoise_steps": trace.meta.get("denoise_steps", 0),
         "routed_tokens": sum(trace.n_tokens),
-        "replay_s": replay_s,
-        "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0,
     }
-    result = build_result(cfg, setup, engine, counts, source="trace", weights=trace.meta.get("weights", "?"),
-                          checkpoint=trace.meta.get("checkpoint", "?"))
-    result["trace"] = str(path)
-    result["replay"] = replay_mode
-    write_json_atomic(run_dir / "result.json", result)
+    clock = {"replay_s": replay_s,
+             "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
+    identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
+                           checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode)
+    result = build_result(cfg, setup, engine, counts, clock, identity)
+    result.save_json(run_dir / "result.json")
     return result

@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.results import read_json
+from harness.result import RunIdentity, RunResult, Timing
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
@@ -53,23 +53,23 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
 
 
-def record_from_result(result: Mapping[str, Any], source: str, status: str = "ok", order: float = 0.0
+def record_from_result(result: RunResult, source: str, status: str = "ok", order: float = 0.0
                        ) -> dict[str, Any]:
     """One flat row per result: what identifies the run, the headline metrics, the step series."""
-    config = result.get("config") or {}
-    decode, system = config.get("decode") or {}, config.get("system") or {}
-    metrics = result.get("metrics") or {}
+    ident = result.identity
+    decode, system = result.config.get("decode") or {}, result.config.get("system") or {}
+    metrics = result.flat_metrics()
     tokens_per_s = metrics.get("tokens_per_s", metrics.get("wall_tokens_per_s"))
     record = {
         "source": source, "status": status, "order": order,
-        "system": result.get("system") or system.get("name"), "model": result.get("model"),
+        "system": ident.system or system.get("name"), "model": ident.model,
         "gen_length": decode.get("gen_length"), "block_length": decode.get("block_length"),
-        "budget": (result.get("budget") or {}).get("name") or (config.get("budget") or {}).get("name"),
+        "budget": result.budget_name,
         "tau": _int(system.get("tau")), "migration": system.get("migration"),
-        "timing": result.get("timing") if "tokens_per_s" in metrics else "wall",
-        "decode_cache": result.get("decode_cache") or decode.get("cache"),
-        "hardware": result.get("hardware"), "weights": result.get("weights"),
-        "step_series": result.get("step_series") or [],
+        "timing": result.timing.kind if "tokens_per_s" in metrics else "wall",
+        "decode_cache": ident.decode_cache or decode.get("cache"),
+        "hardware": ident.hardware, "weights": ident.weights,
+        "step_series": result.step_series,
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)
@@ -104,8 +104,8 @@ def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
         if target is None or not target.is_file() or str(target.resolve()) in seen:
             continue
         try:
-            result = read_json(target)
-        except (OSError, ValueError):
+            result = RunResult.from_json(target)
+        except (OSError, ValueError, TypeError, AttributeError):
             continue  # a damaged file is not a run
         seen[str(target.resolve())] = record_from_result(result, str(target), order=target.stat().st_mtime)
     return list(seen.values())
@@ -137,16 +137,17 @@ def _record_from_mlflow_run(client: Any, run: Any) -> dict[str, Any]:
     run_id, order = run.info.run_id, run.info.start_time / 1000
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            result = read_json(client.download_artifacts(run_id, "result.json", tmp))
+            result = RunResult.from_json(client.download_artifacts(run_id, "result.json", tmp))
         return record_from_result(result, f"mlflow:{run_id}", order=order)
     except Exception:  # no artifact: rebuild what the table needs from params, tags and metrics
         p, t = run.data.params, run.data.tags
-        result = {"system": t.get("system"), "model": t.get("model"), "timing": t.get("timing"),
-                  "hardware": t.get("hardware"), "decode_cache": t.get("decode_cache"),
-                  "budget": {"name": t.get("budget")}, "metrics": run.data.metrics,
-                  "config": {"decode": {"gen_length": _int(p.get("decode.gen_length")),
-                                        "block_length": _int(p.get("decode.block_length"))},
-                             "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration")}}}
+        identity = RunIdentity(system=t.get("system"), model=t.get("model"), hardware=t.get("hardware"),
+                               decode_cache=t.get("decode_cache"))
+        config = {"decode": {"gen_length": _int(p.get("decode.gen_length")),
+                             "block_length": _int(p.get("decode.block_length"))},
+                  "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration")}}
+        result = RunResult(identity=identity, config=config, budget={"name": t.get("budget")},
+                           metrics=dict(run.data.metrics), timing=Timing(t.get("timing")))
         return record_from_result(result, f"mlflow:{run_id}", order=order)
 
 
@@ -192,9 +193,9 @@ def sweep_records(sweep_dir: Path) -> list[dict[str, Any]]:
         prior = resumed_result_path(job)
         path, status = (job / "result.json", "ok") if (job / "result.json").is_file() else (prior, "skipped")
         try:
-            record = record_from_result(read_json(path), str(path), status=status)
-        except (OSError, ValueError, TypeError):
-            record = record_from_result({}, str(job), status="failed")
+            record = record_from_result(RunResult.from_json(path), str(path), status=status)
+        except (OSError, ValueError, TypeError, AttributeError):
+            record = record_from_result(RunResult(RunIdentity()), str(job), status="failed")
         records.append({**record, "job": _job_number(job.name)[0], "overrides": varies})
     return records
 

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import harness
 from harness.artifacts import calibration_trace, describe_batch, model_identity, new_trace, reference_tokens
 from harness.budget import Budget, resolve_budget
-from harness.config import validate
+from harness.config import HarnessConfig
 from harness.cost import CostModel, HardwareConfig, load_hardware
 from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode
 from harness.engine import OffloadEngine
@@ -35,12 +34,12 @@ from harness.hybrid.placement import wrap
 from harness.hybrid.wiring import all_gpu_engine, load_on_device, reference_key
 from harness.lossless import compare_tokens, load_reference, store_reference
 from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nominal_geometry
-from harness.results import write_json_atomic
+from harness.result import DecodedOutputs, DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
 from harness.topology import SINGLE, Topology, build_topology
 from harness.trace import RoutingTrace
 from harness.workload import encode_prompt, load_prompts
 from systems.base import System
-from systems.registry import make_system
+from systems.registry import system_from_config
 
 
 @dataclass
@@ -63,10 +62,6 @@ class DecodeBatch:
     @property
     def routed_tokens(self) -> int:
         return sum(r.tokens_routed for o in self.outputs for r in o.records)
-
-
-def decode_settings(cfg: DictConfig) -> DecodeSettings:
-    return DecodeSettings(**OmegaConf.to_container(cfg.decode, resolve=True))
 
 
 def decode_prompts(
@@ -130,12 +125,6 @@ def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecut
             runner.close()
 
 
-def system_options(cfg: DictConfig) -> dict[str, Any]:
-    options = OmegaConf.to_container(cfg.system, resolve=True)
-    options.pop("name", None)
-    return options
-
-
 @dataclass
 class RunSetup:
     """What a run charges and decides with: the same for live and replay runs."""
@@ -152,22 +141,16 @@ class RunSetup:
                              topology=self.topology)
 
 
-def build_cost_model(cfg: DictConfig, geometry: LLaDA2Config, hardware: HardwareConfig) -> CostModel:
-    return CostModel(geometry, hardware)
-
-
-def setup_run(cfg: DictConfig, geometry: LLaDA2Config) -> RunSetup:
-    system = make_system(cfg.system.name, system_options(cfg))
+def setup_run(cfg: HarnessConfig, geometry: LLaDA2Config) -> RunSetup:
+    system = system_from_config(cfg.system)
     budget = resolve_budget(cfg.budget, geometry)
     hardware = load_hardware(cfg.hardware, geometry)
-    return RunSetup(system, geometry, budget, hardware, build_cost_model(cfg, geometry, hardware),
-                    build_topology(cfg.get("topology")))
+    return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology))
 
 
-def run_job(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_job(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     """Run one configuration and write `result.json` into `run_dir`: live by default,
-    over a recorded routing trace with `source=trace`."""
-    validate(cfg)
+    over a recorded routing trace with `source=trace`. `cfg` was checked when it was built."""
     if cfg.source == "trace":
         from harness.replay import run_replay
 
@@ -175,12 +158,12 @@ def run_job(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     return run_live(cfg, run_dir)
 
 
-def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     run_dir = Path(run_dir)
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
-    settings = decode_settings(cfg)
+    settings = cfg.decode
     setup = setup_run(cfg, nominal_geometry(cfg.model))
-    backend = resolve_backend(cfg.get("backend", "auto"))
+    backend = resolve_backend(cfg.backend)
     t0 = time.perf_counter()
     on_device = backend in DEVICE_BACKENDS
     loaded = load_on_device(cfg, backend) if on_device else load_model(cfg.model, cfg.cache_dir)
@@ -189,7 +172,7 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     def model() -> LoadedModel:
         return loaded
 
-    record = bool(cfg.trace.record)
+    record = cfg.trace.record
     calibration = None
     if setup.system.needs_calibration or record:
         calibration = calibration_trace(cfg, settings, model, backend)
@@ -223,65 +206,50 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         trace.save(run_dir / "trace.npz")
         calibration.save(run_dir / "calibration.npz")
 
-    counts = {
-        "prompts": len(prompts), "generated_tokens": batch.generated_tokens, "denoise_steps": batch.denoise_steps,
-        "routed_tokens": batch.routed_tokens, "wall_s": batch.wall_s, "load_s": load_s,
-        "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0,
-        **check.metrics(),
-    }
-    first = batch.outputs[0]
-    result = build_result(cfg, setup, engine, counts, source="live", weights=loaded.weights,
-                          checkpoint=str(loaded.path))
-    result["backend"] = backend
+    counts = {"prompts": len(prompts), "generated_tokens": batch.generated_tokens,
+              "denoise_steps": batch.denoise_steps, "routed_tokens": batch.routed_tokens}
+    clock = {"wall_s": batch.wall_s, "load_s": load_s,
+             "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0}
+    result = build_result(cfg, setup, engine, counts, clock, RunIdentity(
+        source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=backend))
+    result.lossless = check.metrics()
     if isinstance(runner, HybridExecutor):  # timing=measured; the modeled figures stay beside it
         apply_measured(result, runner.summary(), backend)
-    result.update(
+    first = batch.outputs[0]
+    result.decoded = DecodedOutputs(
         outputs=[{"prompt_tokens": len(o.prompt_ids), "tokens": o.generated, "n_generated": o.n_generated,
                   "stopped_at_eos": o.stopped_at_eos} for o in batch.outputs],
         steps=[asdict(r) for o in batch.outputs for r in o.records],
         first_text=loaded.tokenizer.decode(first.generated[: first.n_generated]),
     )
-    write_json_atomic(run_dir / "result.json", result)
+    result.save_json(run_dir / "result.json")
     return result
 
 
-def build_result(cfg: DictConfig, setup: RunSetup, engine: OffloadEngine, counts: dict[str, Any], source: str,
-                 weights: str, checkpoint: str) -> dict[str, Any]:
-    """The result record shared by live and replay runs (result.json's keys)."""
+def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, counts: dict[str, Any],
+                 clock: dict[str, float], identity: RunIdentity) -> RunResult:
+    """The result shared by live and replay runs: `identity` says how the run ran (source,
+    weights, checkpoint, backend or trace); the rest comes from the config and the engine."""
     summary = engine.summary()
     step_series = summary.pop("step_series")
-    report = setup.system.report()
     modeled_s = summary["modeled_time_s"]
     metrics: dict[str, Any] = {
         "tokens_per_s": counts["generated_tokens"] / modeled_s if modeled_s > 0 else 0.0,
-        "experts_per_layer": setup.budget.experts_per_layer,
         "experts_per_layer_derived": setup.budget.derived_experts_per_layer,
         "budget_gb": setup.budget.gpu_gb,
-        **{k: v for k, v in summary.items() if _is_number(v)},
-        **counts,
+        **{k: v for k, v in summary.items() if is_number(v)},  # experts_per_layer: the engine's B (the budget's)
     }
-    metrics.update({k: v for k, v in report.items() if _is_number(v)})
-    return {
-        "schema": 1,
-        "system": setup.system.name,
-        "model": cfg.model.name,
-        "weights": weights,
-        "checkpoint": checkpoint,
-        "source": source,
-        "timing": "modeled",
-        "hardware": setup.hardware.name,
-        "decode_cache": cfg.decode.cache,
-        "budget": setup.budget.as_dict(),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "metrics": metrics,
-        "step_series": step_series,
-        "system_report": report,
-        "versions": versions(),
-    }
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    for key, value in counts.items():
+        if key in metrics:
+            raise DuplicateMetricError(f"run count {key!r} is also an engine metric; rename one of them")
+        metrics[key] = value
+    identity.system, identity.model = setup.system.name, cfg.model.name
+    identity.hardware, identity.decode_cache = setup.hardware.name, cfg.decode.cache
+    result = RunResult(identity=identity, config=cfg.as_dict(), budget=setup.budget.as_dict(), metrics=metrics,
+                       system_report=setup.system.report(), timing=Timing("modeled", dict(clock)),
+                       versions=versions(), step_series=step_series)
+    result.flat_metrics()  # a key reported twice is an error now, before anything is written
+    return result
 
 
 def versions() -> dict[str, str]:
@@ -295,27 +263,3 @@ def versions() -> dict[str, str]:
         "torch": torch.__version__,
         "hydra": hydra.__version__, "transformers": transformers.__version__, "machine": platform.node(),
     }
-
-
-def summary_lines(result: dict[str, Any], show_text: bool = True) -> list[str]:
-    m, b = result["metrics"], result["budget"]
-    tau = f" tau*={m['tau_star']:g}" if "tau_star" in m else ""
-    lossless = (f"lossless={m['lossless']} (match {100 * m['token_match_rate']:.1f}%)" if "lossless" in m
-                else "lossless=n/a (replay: no numerics)")
-    speed = f"{result['timing']} {m['tokens_per_s']:.1f} tokens/s"
-    if m.get("measured_time_s"):  # how much of the measured time was the planner's and harness's Python
-        share = (m["measured_host_plan_s"] + m["measured_host_engine_s"]) / m["measured_time_s"]
-        speed += f" ({100 * share:.0f}% host planning)"
-    if "modeled_tokens_per_s" in m:  # a measured run also reports the model's prediction
-        speed += f", modeled {m['modeled_tokens_per_s']:.1f}"
-    speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({result['source']})"
-    lines = [
-        f"[{result['system']}] model={result['model']} ({result['weights']} weights) budget={b['name']} "
-        f"B={b['experts_per_layer']} cache={result['decode_cache']} hardware={result['hardware']}: "
-        f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | {speed} | "
-        f"miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens {m['cpu_expert_tokens']}"
-        f"{tau} | {lossless}"
-    ]
-    if show_text and "first_text" in result:
-        lines.append(f"first prompt's output: {result['first_text'][:300]!r}")
-    return lines

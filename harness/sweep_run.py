@@ -46,14 +46,8 @@ from harness.mlflow_store import (
     open_store,
     warn_failure,
 )
-from harness.tracking import (
-    PARENT_MARKER,
-    TrackingConfig,
-    experiment_name,
-    git_commit,
-    param_value,
-    parent_run_id,
-)
+from harness.result import param_value
+from harness.tracking import PARENT_MARKER, TrackingConfig, experiment_name, git_commit, parent_run_id
 
 ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned (parent runs)
 RESUMES_TAG = "harness.resumes"

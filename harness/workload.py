@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.config import WorkloadConfig
 
 
 def read_jsonl_prompts(path: str | Path, key: str) -> list[str]:
@@ -31,7 +33,7 @@ def read_jsonl_prompts(path: str | Path, key: str) -> list[str]:
     return prompts
 
 
-def load_prompts(workload: DictConfig, limit: int | None = None) -> list[str]:
+def load_prompts(workload: WorkloadConfig, limit: int | None = None) -> list[str]:
     if workload.path is not None:
         prompts = read_jsonl_prompts(workload.path, workload.prompt_field)
     else:

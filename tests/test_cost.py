@@ -168,8 +168,8 @@ def test_invalid_hardware_values_are_one_line_errors() -> None:
 def test_load_hardware_returns_static_profiles_unchanged() -> None:
     hw = HardwareConfig(name="h", pcie_gbps=50.0)
     assert load_hardware(hw, MINI) is hw
-    as_dict_config = OmegaConf.merge(OmegaConf.structured(HardwareConfig), {"name": "h", "pcie_gbps": 50.0})
-    assert load_hardware(as_dict_config, MINI) == hw
+    composed = OmegaConf.merge(OmegaConf.structured(HardwareConfig), {"name": "h", "pcie_gbps": 50.0})
+    assert load_hardware(OmegaConf.to_object(composed), MINI) == hw
 
 
 def test_local_profile_is_measured_once_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,7 @@ from harness.fast_replay_ops import (
     unpack,
 )
 from harness.model import load_model, nominal_geometry
-from harness.run import decode_settings, run_job
+from harness.run import run_job
 from harness.tau_solver import refresh_residency, top_b_mask
 from harness.trace import RoutingTrace
 from systems.registry import make_system
@@ -121,7 +121,7 @@ def recorded_tiny(tmp_path_factory, proxy_cache, tiny_dir):
                  f"cache_dir={proxy_cache}", "tracking.enabled=false"]
     cfg = compose_checked(overrides)
     loaded = load_model(cfg.model, cfg.cache_dir)
-    settings = decode_settings(cfg)
+    settings = cfg.decode
     out = tmp_path_factory.mktemp("recorded")
     paths = []
     for name, prompt in (("trace", "Write a function that reverses a list."), ("calibration", "Sort a dict.")):

@@ -22,7 +22,7 @@ from harness.trace import RoutingTrace
 from systems.base import StepInfo
 from systems.fiddler import Fiddler
 from systems.oracle import best_gpu_set
-from systems.registry import SYSTEM_CONFIGS, SYSTEMS, make_system
+from systems.registry import SYSTEM_CONFIGS, SYSTEMS, make_system, system_from_config
 from systems.tide import Tide
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "system"
@@ -402,9 +402,12 @@ def test_system_yaml_keys_match_the_config_classes(path: Path) -> None:
     raw = OmegaConf.load(path)
     if raw.get("name") not in SYSTEM_CONFIGS:
         pytest.skip(f"{path.name} is not a system of this registry")
+    assert list(raw.pop("defaults")) == [f"{raw.name}_schema", "_self_"]  # the node is typed by its schema
     schema = SYSTEM_CONFIGS[raw.name]
     assert set(raw.keys()) == {f.name for f in fields(schema)}
-    make_system(raw.name, OmegaConf.merge(OmegaConf.structured(schema), raw))
+    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+    assert isinstance(config, schema)
+    system_from_config(config)
 
 
 def test_fiddler_initial_residency_is_each_layers_top_b_by_popularity() -> None:

@@ -9,8 +9,10 @@ import pytest
 
 from harness import tracking
 from harness.artifacts import code_version
+from harness.result import RunResult
 from harness.results import write_json_atomic
 from harness.resume import config_hash, index_result, prior_result
+from harness.tracking import TrackingConfig
 from tests.harness_cli import TINY, empty_store, run_module, runs_of, sqlite_uri
 
 
@@ -31,6 +33,10 @@ def hand_made_result(system: str = "tide", budget: str = "10GB") -> dict:
     }
 
 
+def typed(result: dict) -> RunResult:
+    return RunResult.from_dict(result)
+
+
 def write_run(run_dir: Path, result: dict) -> Path:
     write_json_atomic(run_dir / "result.json", result)
     return run_dir
@@ -46,7 +52,7 @@ def test_log_run_records_params_tags_metrics_series_and_artifacts(tmp_path: Path
 
     run_dir = write_run(tmp_path / "run", hand_made_result())
     (run_dir / "throughput.png").write_bytes(b"\x89PNG fake")
-    run_id = tracking.log_run(hand_made_result(), run_dir, {"tracking": {"uri": sqlite_uri(store)}})
+    run_id = tracking.log_run(typed(hand_made_result()), run_dir, TrackingConfig(uri=sqlite_uri(store)))
     assert run_id is not None
     client = MlflowClient(tracking_uri=sqlite_uri(store))
     run = client.get_run(run_id)
@@ -71,7 +77,7 @@ def test_broken_store_is_one_warning_and_no_exception(tmp_path: Path, capsys: py
     broken = tmp_path / "broken.db"
     broken.write_text("this is not an sqlite database")
     run_dir = write_run(tmp_path / "run", hand_made_result())
-    assert tracking.log_run(hand_made_result(), run_dir, {"tracking": {"uri": sqlite_uri(broken)}}) is None
+    assert tracking.log_run(typed(hand_made_result()), run_dir, TrackingConfig(uri=sqlite_uri(broken))) is None
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and "push" in warnings[0]
     assert not tracking.is_logged(run_dir, sqlite_uri(broken))
@@ -79,8 +85,8 @@ def test_broken_store_is_one_warning_and_no_exception(tmp_path: Path, capsys: py
 
 def test_disabled_tracking_never_opens_a_store(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", hand_made_result())
-    cfg = {"tracking": {"enabled": False, "uri": sqlite_uri(tmp_path / "never.db")}}
-    assert tracking.log_run(hand_made_result(), run_dir, cfg) is None
+    settings = TrackingConfig(enabled=False, uri=sqlite_uri(tmp_path / "never.db"))
+    assert tracking.log_run(typed(hand_made_result()), run_dir, settings) is None
     assert not (tmp_path / "never.db").exists()
 
 

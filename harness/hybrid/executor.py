@@ -56,6 +56,7 @@ from harness.model.experts import (
     sort_by_expert,
     weighted_expert_outputs,
 )
+from harness.result import RunResult
 from systems.base import LayerPlan, StepInfo
 
 Scratch = dict[int, tuple[ExpertWeights, Event]]
@@ -318,12 +319,14 @@ class HybridExecutor:
         }
 
 
-def apply_measured(result: dict[str, Any], measured: dict[str, Any], backend: str) -> None:
+def apply_measured(result: RunResult, measured: dict[str, Any], backend: str) -> None:
     """Turn a live result into a measured one: `tokens_per_s` becomes the measured rate,
-    the modeled rate stays beside it as `modeled_tokens_per_s`."""
-    metrics = result["metrics"]
+    the modeled rate stays beside it as `modeled_tokens_per_s`; the measured figures join
+    the result's timing."""
+    metrics = result.metrics
     metrics["modeled_tokens_per_s"] = metrics["tokens_per_s"]
     seconds = measured["measured_time_s"]
     metrics["tokens_per_s"] = metrics["generated_tokens"] / seconds if seconds > 0 else 0.0
-    metrics.update(measured)
-    result.update(timing="measured", backend=backend)
+    result.timing.kind = "measured"
+    result.timing.figures.update(measured)
+    result.identity.backend = backend

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import KVCache, LLaDA2Model
 from harness.model.proxy import ensure_proxy, proxy_config
+
+if TYPE_CHECKING:
+    from harness.config import ModelConfig
 
 __all__ = ["KVCache", "LLaDA2Config", "LLaDA2Model", "LoadedModel", "load_model", "nominal_geometry"]
 
@@ -24,13 +26,13 @@ class LoadedModel:
     nominal: LLaDA2Config  # the geometry the budget and the cost model charge
 
 
-def nominal_geometry(model_cfg: DictConfig) -> LLaDA2Config:
+def nominal_geometry(model_cfg: ModelConfig) -> LLaDA2Config:
     if model_cfg.nominal == "proxy":
         return proxy_config(model_cfg.name)
     return LLaDA2Config.published(model_cfg.nominal)
 
 
-def load_model(model_cfg: DictConfig, cache_dir: str | Path) -> LoadedModel:
+def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
     """Real weights from model.path, or the cached proxy of the same model name."""
     if model_cfg.path is not None:
         path, weights = Path(model_cfg.path), "real"
