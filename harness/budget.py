@@ -52,11 +52,22 @@ class Budget:
         return asdict(self)
 
 
+MAX_GPU_GB = 1e6  # a petabyte: above it the byte arithmetic stops being exact, and no GPU is near
+
+
+def check_budget_numbers(cfg: BudgetConfig) -> None:
+    """gpu_gb and reserve_gb are finite GB in range (nan fails every comparison, inf and
+    1e308 overflow the byte arithmetic)."""
+    if not (math.isfinite(cfg.gpu_gb) and 0 < cfg.gpu_gb <= MAX_GPU_GB):
+        raise HarnessError(f"budget.gpu_gb must be a finite number of GB in (0, {MAX_GPU_GB:g}] "
+                           f"(got {cfg.gpu_gb}); set e.g. budget.gpu_gb=12")
+    if not (math.isfinite(cfg.reserve_gb) and 0 <= cfg.reserve_gb < cfg.gpu_gb):
+        raise HarnessError(f"budget.reserve_gb must be a finite number of GB in [0, budget.gpu_gb) "
+                           f"(got {cfg.reserve_gb}); the default is 0.5")
+
+
 def _check_values(cfg: BudgetConfig, n_experts: int) -> None:
-    if not cfg.gpu_gb > 0:
-        raise HarnessError(f"budget.gpu_gb must be > 0 (got {cfg.gpu_gb}); set e.g. budget.gpu_gb=12")
-    if cfg.reserve_gb < 0:
-        raise HarnessError(f"budget.reserve_gb must be >= 0 (got {cfg.reserve_gb}); the default is 0.5")
+    check_budget_numbers(cfg)
     for key in ("experts_per_layer", "max_experts_per_layer"):
         value = getattr(cfg, key)
         if value is not None and value <= 0:

@@ -8,16 +8,18 @@ which raises one-line `HarnessError`s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from harness.budget import BudgetConfig
+from harness.budget import BudgetConfig, check_budget_numbers
 from harness.cost import HardwareConfig
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend
+from harness.structured import as_dataclass
 from harness.topology import TopologyConfig, check_config
 from harness.tracking import TrackingConfig
 
@@ -141,3 +143,47 @@ def validate(cfg: DictConfig) -> None:
     )
     check_backend(cfg.get("backend", "auto"))  # cuda without a GPU is a one-line error
     check_config(cfg)  # topology values, and ep_linear/gem only with topology=multi (and vice versa)
+    check_numbers(cfg)
+    check_lengths(cfg)
+    check_tracking(cfg)
+
+
+# ---- hostile values (issue 14): nan, inf, overflow, lengths the model cannot hold -----------
+# Small, separate checks so that they can move into the config dataclasses' __post_init__.
+
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    """Floats must be finite (nan fails every comparison above, inf passes some of them),
+    integers must fit what torch and the budget arithmetic take."""
+    d = cfg.decode
+    _require(math.isfinite(d.temperature), f"decode.temperature={d.temperature} must be a finite number >= 0 "
+             "(0 = argmax; inf would sample uniformly)")
+    _require(0 <= d.seed <= MAX_SEED, f"decode.seed={d.seed} must be in [0, 2**63-1]")
+    _require(0 <= cfg.model.proxy_seed <= MAX_SEED, f"model.proxy_seed={cfg.model.proxy_seed} must be in [0, 2**63-1]")
+    check_budget_numbers(as_dataclass(cfg.budget, BudgetConfig, "budget"))
+    as_dataclass(cfg.hardware, HardwareConfig, "hardware").validate()
+
+
+def check_lengths(cfg: DictConfig) -> None:
+    """decode lengths against the model's positions (the published, or the proxy's, geometry;
+    a real checkpoint's own config.json and each prompt's token count are checked at load)."""
+    from harness.model import nominal_geometry
+
+    d = cfg.decode
+    limit = nominal_geometry(cfg.model).max_position_embeddings
+    _require(d.gen_length + 1 <= limit,
+             f"decode.gen_length={d.gen_length} does not fit model={cfg.model.name}'s {limit} positions "
+             f"(prompt + generated tokens); use at most {limit - 1}")
+    _require(d.block_length <= limit,
+             f"decode.block_length={d.block_length} exceeds model={cfg.model.name}'s {limit} positions")
+
+
+def check_tracking(cfg: DictConfig) -> None:
+    """The MLflow URI's form, before the run (a bad scheme used to be reported after it)."""
+    tracking = cfg.get("tracking")
+    if tracking is not None and tracking.enabled:
+        from harness.uris import check_tracking_uri
+
+        check_tracking_uri(str(tracking.uri), "tracking.uri")
