@@ -9,7 +9,6 @@ from omegaconf import DictConfig
 
 from harness.errors import HarnessError
 
-
 MAX_PROMPTS_FILE_BYTES = 64 * 2**20  # a prompts file, not a corpus: larger ones are a wrong path
 
 

@@ -128,7 +128,8 @@ class LLaDA2Config:
             raise HarnessError(f"config.json has first_k_dense_replace={self.first_k_dense_replace} > "
                                f"num_hidden_layers={self.num_hidden_layers}")
         if not 0 < self.partial_rotary_factor <= 1:
-            raise HarnessError(f"config.json has partial_rotary_factor={self.partial_rotary_factor}; it must be in (0, 1]")
+            raise HarnessError(f"config.json has partial_rotary_factor={self.partial_rotary_factor}; "
+                               "it must be in (0, 1]")
         if self.num_experts % self.n_group:
             raise HarnessError(f"num_experts={self.num_experts} is not divisible by n_group={self.n_group}")
         if self.topk_group > self.n_group:
