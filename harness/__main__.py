@@ -33,6 +33,10 @@ def main(cfg: DictConfig) -> None:
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         if skip_if_done(cfg, run_dir):  # resume=true and this config already has a result
+            from harness.resume import resumed_result_path
+            from harness.tracking import log_if_missing
+
+            log_if_missing(resumed_result_path(run_dir), cfg)  # killed before logging: log it now
             return
         result = run_job(cfg, run_dir)
     except Exception as exc:

@@ -187,3 +187,6 @@ def check_tracking(cfg: DictConfig) -> None:
         from harness.uris import check_tracking_uri
 
         check_tracking_uri(str(tracking.uri), "tracking.uri")
+        timeout = tracking.get("timeout_s", 5.0)
+        _require(math.isfinite(timeout) and 0 < timeout <= 600,
+                 f"tracking.timeout_s={timeout} must be a number of seconds in (0, 600]")

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.mlflow_store import (
+    DEFAULT_TIMEOUT_S,
     TrackingUnavailable,
     add_marker,
     default_artifact_root,
     discard_run,
     ensure_experiment,
+    file_digest,
     find_marker,
     log_batches,
     log_config_yaml,
@@ -59,6 +61,7 @@ class TrackingConfig:
     uri: str = DEFAULT_URI  # sqlite:///path.db, http://host:5000, postgresql://..., ...
     experiment: str | None = None  # null: one experiment per model ("llada2-mini")
     artifact_root: str | None = None  # null: <store dir>/mlartifacts for sqlite, the server's default otherwise
+    timeout_s: float = DEFAULT_TIMEOUT_S  # the longest a request to a tracking server may take (no retries)
 
 
 # --------------------------------------------------------------------------- settings
@@ -71,7 +74,7 @@ def tracking_settings(cfg: Any) -> TrackingConfig:
         return TrackingConfig()
     if isinstance(node, TrackingConfig):
         return node
-    return TrackingConfig(**{k: _get(node, k) for k in ("enabled", "uri", "experiment", "artifact_root")
+    return TrackingConfig(**{k: _get(node, k) for k in ("enabled", "uri", "experiment", "artifact_root", "timeout_s")
                              if _get(node, k) is not None})
 
 
@@ -90,7 +93,13 @@ def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> s
 
 
 def is_logged(run_dir: str | Path, uri: str) -> bool:
-    return find_marker(Path(run_dir) / RUN_MARKER, uri) is not None
+    """This store holds the run dir's result.json as it is now: its marker names the store
+    and the digest of the result it logged (markers written before digests name none)."""
+    marker = find_marker(Path(run_dir) / RUN_MARKER, uri)
+    if marker is None:
+        return False
+    logged = marker.get("result_digest")
+    return logged is None or logged == file_digest(Path(run_dir) / RESULT_FILE)
 
 
 # --------------------------------------------------------------------------- what gets logged
@@ -183,7 +192,8 @@ def log_result(result: Mapping[str, Any], run_dir: str | Path, tracking: Trackin
                parent_run_id: str | None = None, config_hash: str | None = None) -> str:
     """Log one result as an MLflow run and mark the run dir; raises on any store failure."""
     run_dir = Path(run_dir)
-    client = open_store(tracking.uri)
+    digest = file_digest(run_dir / RESULT_FILE)  # before logging: the marker names what was logged
+    client = open_store(tracking.uri, tracking.timeout_s)
     if parent_run_id:  # children live in their parent's experiment, or the UI cannot nest them
         experiment_id = client.get_run(parent_run_id).info.experiment_id
     else:
@@ -205,7 +215,7 @@ def log_result(result: Mapping[str, Any], run_dir: str | Path, tracking: Trackin
     except BaseException as exc:  # a half-logged run would be duplicated by the next push
         discard_run(client, run_id, "FAILED" if isinstance(exc, Exception) else "KILLED")
         raise
-    add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id)
+    add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id, digest)
     return run_id
 
 
@@ -235,6 +245,20 @@ def record_finished_run(result: Mapping[str, Any], run_dir: str | Path, cfg: Any
     if not tracking_settings(cfg).enabled:
         return None
     return log_run(result, run_dir, cfg, job_parent_run_id(cfg))
+
+
+def log_if_missing(result_path: Path | None, cfg: Any) -> str | None:
+    """resume=true skipped a job: log the result it reuses if this store lacks it (a sweep
+    killed after result.json but before logging), as a child of the current sweep."""
+    tracking = tracking_settings(cfg)
+    if result_path is None or not tracking.enabled or is_logged(result_path.parent, tracking.uri):
+        return None
+    try:
+        result = read_json(result_path)
+    except (OSError, ValueError) as exc:
+        warn_failure(tracking.uri, "logging of the reused result", exc, result_path.parent)
+        return None
+    return log_run(result, result_path.parent, cfg, job_parent_run_id(cfg))
 
 
 def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:
@@ -331,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="tracking URI")
     p.add_argument("--experiment", default=None, help="experiment name (default: llada2-<model>)")
     args = parser.parse_args(argv)
+    from harness.errors import HarnessError
+    from harness.uris import check_tracking_uri
+
+    try:
+        check_tracking_uri(args.uri, "--uri")
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
         print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
