@@ -145,6 +145,7 @@ def validate(cfg: DictConfig) -> None:
     check_config(cfg)  # topology values, and ep_linear/gem only with topology=multi (and vice versa)
     check_numbers(cfg)
     check_lengths(cfg)
+    check_system_options(cfg)
     check_tracking(cfg)
 
 
@@ -178,6 +179,27 @@ def check_lengths(cfg: DictConfig) -> None:
              f"(prompt + generated tokens); use at most {limit - 1}")
     _require(d.block_length <= limit,
              f"decode.block_length={d.block_length} exceeds model={cfg.model.name}'s {limit} positions")
+
+
+def check_system_options(cfg: DictConfig) -> None:
+    """The system's options have its schema's types (system.prefetch=maybe is not a bool)
+    and values its constructor accepts (system.tau=-3), before the run instead of during it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from systems.registry import SYSTEM_CONFIGS, make_system
+
+    name = str(cfg.system.name)
+    if name not in SYSTEM_CONFIGS:
+        make_system(name)  # the one-line "unknown system" error
+    options = OmegaConf.to_container(cfg.system, resolve=True)
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(SYSTEM_CONFIGS[name]), options)
+    except OmegaConfBaseException as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        key = getattr(exc, "full_key", None)
+        raise HarnessError(f"system={name}: system.{key}: {first}" if key else f"system={name}: {first}") from None
+    make_system(name, OmegaConf.to_container(typed, resolve=True))
 
 
 def check_tracking(cfg: DictConfig) -> None:
