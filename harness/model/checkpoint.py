@@ -190,6 +190,8 @@ def check_layers_match(cfg: LLaDA2Config, entries: dict[str, TensorEntry]) -> No
 def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Model:
     """Build the model from a checkpoint directory (real or proxy: same code path)."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise HarnessError(f"model.path={directory} is a file; set it to a LLaDA2 checkpoint directory")
     if not directory.is_dir():
         raise HarnessError(f"checkpoint directory {directory} does not exist; set model.path to a LLaDA2 checkpoint")
     if dtype not in TORCH_DTYPES:
