@@ -21,7 +21,7 @@ from harness.model.checkpoint import ShardMaps, read_shard_header
 from harness.trace import RoutingTrace
 from tests.bad_input_cases import tiny_trace
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class PickleLoaded(BaseException):
