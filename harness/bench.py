@@ -128,6 +128,9 @@ def forward_ms_per_layer(model_name: str, tokens: int) -> float:
     return 1e3 * sorted(times)[2] / loaded.model.config.num_hidden_layers
 
 
+COUNT_LIMITS = {"steps": 100_000, "tokens": 4096}  # synthetic trace size: forwards, tokens per forward
+
+
 def parse(argv: list[str]) -> dict[str, str | None]:
     args = dict(ARGS)
     for arg in argv:
@@ -135,7 +138,19 @@ def parse(argv: list[str]) -> dict[str, str | None]:
         if not sep or key not in ARGS:
             raise HarnessError(f"argument {arg!r} is not one of {', '.join(f'{k}=' for k in ARGS)}")
         args[key] = value
+    for key, upper in COUNT_LIMITS.items():
+        count(args, key, upper)
+    if args["forward"] not in ("true", "false"):
+        raise HarnessError(f"forward={args['forward']!r} must be true or false")
     return args
+
+
+def count(args: dict[str, str | None], key: str, upper: int) -> int:
+    """A positive integer argument up to `upper`."""
+    text = str(args[key])
+    if not text.isdigit() or not 1 <= int(text) <= upper:
+        raise HarnessError(f"{key}={text!r} must be an integer between 1 and {upper}")
+    return int(text)
 
 
 def main(argv: list[str]) -> int:
@@ -146,9 +161,13 @@ def main(argv: list[str]) -> int:
     cost = CostModel(geometry, load_hardware(cfg.hardware, geometry))
     b = resolve_budget(cfg.budget, geometry).experts_per_layer
     if args["trace"]:
+        from harness.replay import check_geometry
+
         trace = RoutingTrace.load(Path(args["trace"]))
+        check_geometry(trace, geometry, Path(args["trace"]), str(args["model"]))
     else:
-        trace = synthetic_trace(geometry, int(args["steps"]), int(args["tokens"]))
+        trace = synthetic_trace(geometry, count(args, "steps", COUNT_LIMITS["steps"]),
+                                count(args, "tokens", COUNT_LIMITS["tokens"]))
     names = [n for n in str(args["systems"]).split(",") if n]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:

@@ -20,6 +20,7 @@ from harness.model.config import LLaDA2Config
 
 GB = 1e9
 BYTES_PER_PARAM = 2
+MAX_GPU_GB = 1e6  # a petabyte: above it the byte arithmetic stops being exact, and no GPU is near
 
 
 @dataclass
@@ -34,10 +35,13 @@ class BudgetConfig:
 
     def __post_init__(self) -> None:
         """The checks that need no model (resolve_budget checks B against its experts)."""
-        if not self.gpu_gb > 0:
-            raise HarnessError(f"budget.gpu_gb must be > 0 (got {self.gpu_gb}); set e.g. budget.gpu_gb=12")
-        if self.reserve_gb < 0:
-            raise HarnessError(f"budget.reserve_gb must be >= 0 (got {self.reserve_gb}); the default is 0.5")
+        # nan fails every comparison; inf and 1e308 overflow the byte arithmetic
+        if not (math.isfinite(self.gpu_gb) and 0 < self.gpu_gb <= MAX_GPU_GB):
+            raise HarnessError(f"budget.gpu_gb must be a finite number of GB in (0, {MAX_GPU_GB:g}] "
+                               f"(got {self.gpu_gb}); set e.g. budget.gpu_gb=12")
+        if not (math.isfinite(self.reserve_gb) and 0 <= self.reserve_gb < self.gpu_gb):
+            raise HarnessError(f"budget.reserve_gb must be a finite number of GB in [0, budget.gpu_gb) "
+                               f"(got {self.reserve_gb}); the default is 0.5")
         for key in ("experts_per_layer", "max_experts_per_layer"):
             value = getattr(self, key)
             if value is not None and value <= 0:

@@ -52,7 +52,7 @@ def override_variants(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
-        raise HarnessError(one_line(exc)) from None
+        raise HarnessError(_bad_override(overrides, exc)) from None
     base, sweeps = [], []
     for ov in parsed:
         if ov.is_sweep_override():
@@ -111,6 +111,19 @@ def precheck(argv: list[str]) -> None:
         return
     for variant in override_variants(overrides):
         compose_checked(variant)
+
+
+def _bad_override(overrides: list[str], exc: HydraException) -> str:
+    """Name the override Hydra cannot parse: its own message names only the offending text."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except HydraException as own:
+            key = override.split("=", 1)[0]
+            return (f"cannot parse the override {override!r} (key {key}): {one_line(own)}; "
+                    "quote a value holding brackets, commas or spaces, e.g. 'key=\"a,b\"'")
+    return one_line(exc)
 
 
 def _missing_option(exc: MissingConfigException) -> str:

@@ -25,12 +25,14 @@ from harness.cost import HardwareConfig
 from harness.decoding import DecodeSettings
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend
+from harness.model import nominal_geometry
 from harness.topology import TopologyConfig, build_topology, check_system_topology
 from harness.tracking import TrackingConfig
 
 MODEL_NAMES = ("tiny", "mini", "flash")
 DTYPES = ("float32", "bfloat16")
 SOURCES = ("live", "trace")
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
 
 
 def _require(ok: bool, message: str) -> None:
@@ -55,6 +57,7 @@ class ModelConfig:
         _require(not _given(self.name) or self.name in MODEL_NAMES,
                  f"model.name={self.name!r} is not allowed; use one of {', '.join(MODEL_NAMES)}")
         _require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+        _require(0 <= self.proxy_seed <= MAX_SEED, f"model.proxy_seed={self.proxy_seed} must be in [0, 2**63-1]")
 
 
 @dataclass
@@ -115,10 +118,25 @@ class HarnessConfig:
         )
         check_backend(self.backend)  # cuda without a GPU is a one-line error
         if _given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
-            from systems.registry import SYSTEMS  # systems import the harness; import late
+            from systems.registry import SYSTEMS, system_from_config  # systems import the harness; import late
 
             system_cls = SYSTEMS[self.system.name]
             check_system_topology(system_cls.name, system_cls.multi_gpu, build_topology(self.topology))
+            system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
+        if _given(self.model.name):
+            self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        """decode lengths against the model's positions (the published, or the proxy's,
+        geometry; a real checkpoint's own config.json and each prompt's token count are
+        checked at load)."""
+        d = self.decode
+        limit = nominal_geometry(self.model).max_position_embeddings
+        _require(d.gen_length + 1 <= limit,
+                 f"decode.gen_length={d.gen_length} does not fit model={self.model.name}'s {limit} positions "
+                 f"(prompt + generated tokens); use at most {limit - 1}")
+        _require(d.block_length <= limit,
+                 f"decode.block_length={d.block_length} exceeds model={self.model.name}'s {limit} positions")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved config as plain data: result.json's "config" and the resume hash."""

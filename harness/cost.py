@@ -97,15 +97,17 @@ class HardwareConfig:
 
     def validate(self) -> None:
         for key in ("gpu_hbm_gbps", "gpu_bf16_tflops", "pcie_gbps", "cpu_mem_gbps", "cpu_tflops"):
-            if not float(getattr(self, key)) > 0:
+            if not 0 < float(getattr(self, key)) < math.inf:
                 raise HarnessError(
-                    f"hardware.{key} must be > 0 (got {getattr(self, key)}); fix conf/hardware"
+                    f"hardware.{key} must be a finite number > 0 (got {getattr(self, key)}); fix conf/hardware"
                 )
         for key in ("gpu_call_overhead_us", "pcie_latency_us", "cpu_call_overhead_us"):
-            if float(getattr(self, key)) < 0:
+            if not 0 <= float(getattr(self, key)) < math.inf:
                 raise HarnessError(
-                    f"hardware.{key} must be >= 0 (got {getattr(self, key)}); fix conf/hardware"
+                    f"hardware.{key} must be a finite number >= 0 (got {getattr(self, key)}); fix conf/hardware"
                 )
+        if not all(0 < float(s) < math.inf for s in self.cpu_table_seconds):
+            raise HarnessError("hardware.cpu_table_seconds must be finite positive seconds")
         if len(self.cpu_table_tokens) != len(self.cpu_table_seconds):
             raise HarnessError("hardware.cpu_table_tokens and hardware.cpu_table_seconds differ in length")
         if self.cpu_table_tokens and (

@@ -12,6 +12,7 @@ step's share of the schedule, the most confident ones are taken instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -70,7 +71,11 @@ class DecodeSettings:
             "steps per block must be between 1 and block_length",
         )
         _require(0 < self.threshold <= 1, f"decode.threshold={self.threshold} must be in (0, 1]")
+        _require(math.isfinite(self.temperature),
+                 f"decode.temperature={self.temperature} must be a finite number >= 0 (0 = argmax; inf would "
+                 "sample uniformly)")
         _require(self.temperature >= 0, f"decode.temperature={self.temperature} must be >= 0 (0 = argmax)")
+        _require(0 <= self.seed <= 2**63 - 1, f"decode.seed={self.seed} must be in [0, 2**63-1]")
         _require(self.cache in CACHE_MODES, f"decode.cache={self.cache!r} is not allowed; use prefix or none")
 
 

@@ -30,12 +30,39 @@ from harness.trace import RoutingTrace
 from harness.workload import load_prompts
 
 
-def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path) -> None:
-    if (trace.n_layers, trace.n_experts) != (geometry.n_moe_layers, geometry.num_experts):
+def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path, model: str = "?") -> None:
+    """The trace was recorded with this model's geometry (MoE layers x experts, and the
+    geometry it stored when it has one): a trace of another model is refused by name."""
+    recorded = trace.meta.get("model", "?") if isinstance(trace.meta.get("model"), str) else "?"
+    same_shape = (trace.n_layers, trace.n_experts) == (geometry.n_moe_layers, geometry.num_experts)
+    stored = trace.geometry
+    same_geometry = all(stored.get(k, getattr(geometry, k)) == getattr(geometry, k) for k in GEOMETRY_KEYS)
+    if not (same_shape and same_geometry):
         raise HarnessError(
-            f"trace {path} has {trace.n_layers} MoE layers x {trace.n_experts} experts but model="
-            f"{trace.meta.get('model', '?')} is configured; replay it with the model it was recorded with"
+            f"trace {path} was recorded with model={recorded} ({trace.n_layers} MoE layers x {trace.n_experts} "
+            f"experts) but model={model} ({geometry.n_moe_layers} x {geometry.num_experts}) is configured; "
+            "replay it with the model it was recorded with"
         )
+
+
+GEOMETRY_KEYS = ("num_hidden_layers", "first_k_dense_replace", "num_experts", "num_experts_per_tok")
+
+
+def meta_count(trace: RoutingTrace, key: str, path: Path) -> int:
+    """An integer the trace's meta records (prompts, tokens, steps); 0 when absent."""
+    value = trace.meta.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HarnessError(f"trace {path} records {key}={value!r} in its meta; record it again")
+    return value
+
+
+def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
+    """Denoising steps per block the trace was decoded with (its meta's decode.steps)."""
+    decode = trace.meta.get("decode", {})
+    steps = decode.get("steps", default) if isinstance(decode, dict) else None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise HarnessError(f"trace {path} records decode.steps={steps!r} in its meta; record it again")
+    return steps
 
 
 def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, RoutingTrace | None]:
@@ -68,17 +95,19 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         trace, path = workload_trace(cfg, prompts, settings, model)
         calibration = calibration_trace(cfg, settings, model) if setup.system.needs_calibration else None
-    check_geometry(trace, setup.geometry, path)
+    check_geometry(trace, setup.geometry, path, str(cfg.model.name))
+    if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
+        check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
 
     engine = setup.engine()
-    engine.prepare(calibration, int(trace.meta.get("decode", {}).get("steps", settings.steps)))
+    engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
     start = time.perf_counter()
     replay_mode = replay_fast_or_exact(engine, trace).mode  # vectorized for fiddler and tide
     replay_s = time.perf_counter() - start
     counts = {
-        "prompts": trace.meta.get("prompts", 0),
-        "generated_tokens": trace.meta.get("generated_tokens", 0),
-        "denoise_steps": trace.meta.get("denoise_steps", 0),
+        "prompts": meta_count(trace, "prompts", path),
+        "generated_tokens": meta_count(trace, "generated_tokens", path),
+        "denoise_steps": meta_count(trace, "denoise_steps", path),
         "routed_tokens": sum(trace.n_tokens),
     }
     clock = {"replay_s": replay_s,

@@ -16,7 +16,6 @@ over fixed-tau runs (those belong to tau sweeps, which get their own plot).
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -27,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.errors import HarnessError
 from harness.result import RunIdentity, RunResult, Timing
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
@@ -105,8 +105,8 @@ def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
             continue
         try:
             result = RunResult.from_json(target)
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue  # a damaged file is not a run
+        except (OSError, ValueError, TypeError, AttributeError, KeyError, HarnessError):
+            continue  # a damaged file, or a JSON value that is not a result object, is not a run
         seen[str(target.resolve())] = record_from_result(result, str(target), order=target.stat().st_mtime)
     return list(seen.values())
 
@@ -307,7 +307,18 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description="paper-style table and plots")
+    """The command line; bad input is one line on stderr and 2."""
+    try:
+        return run_report(sys.argv[1:] if argv is None else argv)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run_report(argv: list[str]) -> int:
+    from harness.errors import OneLineParser, check_output_dir
+
+    parser = OneLineParser(prog="python -m harness.report", description="paper-style table and plots")
     parser.add_argument("--from-mlflow", metavar="URI", help="read the runs of this tracking store")
     parser.add_argument("--experiment", action="append", help="only these MLflow experiments (repeatable)")
     parser.add_argument("--runs", nargs="+", type=Path, metavar="DIR", help="run or sweep dirs (default: outputs)")
@@ -315,22 +326,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.from_mlflow and args.runs:
         parser.error("use either --from-mlflow or --runs")
+    check_output_dir(args.out, "--out")
+    if args.from_mlflow:
+        check_report_uri(args.from_mlflow)
+    roots = args.runs or [Path("outputs")]
+    missing = [str(r) for r in roots if not r.exists()] if not args.from_mlflow else []
+    if missing:
+        raise HarnessError(f"--runs: no such directory: {', '.join(missing)}")
+    where = args.from_mlflow or " ".join(map(str, roots))
     try:
-        if args.from_mlflow:
-            where, records = args.from_mlflow, records_from_mlflow(args.from_mlflow, args.experiment)
-        else:
-            roots = args.runs or [Path("outputs")]
-            where, records = " ".join(map(str, roots)), records_from_dirs(roots)
+        records = records_from_mlflow(args.from_mlflow, args.experiment) if args.from_mlflow else \
+            records_from_dirs(roots)
     except Exception as exc:
-        print(f"error: cannot read runs from {args.from_mlflow}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
-        return 2
+        raise HarnessError(f"cannot read runs from {where}: {' '.join(str(exc).split())[:300]}") from None
     if not records:
-        print(f"error: no runs found in {where}", file=sys.stderr)
-        return 2
+        raise HarnessError(f"no runs found in {where}")
     text, figures = write_report(records, args.out)
     print(text, end="")
     print(f"wrote {args.out}/report.md, report.csv and {len(figures)} plot(s) from {len(records)} runs")
     return 0
+
+
+def check_report_uri(uri: str) -> None:
+    """A well-formed URI, and for SQLite a file that exists (MLflow would create an empty store)."""
+    from harness.uris import check_tracking_uri
+
+    check_tracking_uri(uri, "--from-mlflow")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise HarnessError(f"--from-mlflow {uri}: no such SQLite store")
 
 
 if __name__ == "__main__":

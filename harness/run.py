@@ -37,7 +37,7 @@ from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nomina
 from harness.result import DecodedOutputs, DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
 from harness.topology import SINGLE, Topology, build_topology
 from harness.trace import RoutingTrace
-from harness.workload import encode_prompt, load_prompts
+from harness.workload import check_prompt_lengths, encode_prompt, load_prompts
 from systems.base import System
 from systems.registry import system_from_config
 
@@ -83,9 +83,9 @@ def decode_prompts(
         if on_forward is not None:
             on_forward(step, n_tokens, n_context)
 
+    encoded = encode_checked(loaded, prompts, settings, desc)
     start = time.perf_counter()
-    for i, text in enumerate(prompts):
-        ids = encode_prompt(loaded.tokenizer, text)
+    for i, ids in enumerate(encoded):
         out = decode(
             loaded.model, ids, settings, cfg.mask_token_id, cfg.eos_token_id,
             new_cache=KVCache, on_forward=hook, prompt_index=i, first_global_step=global_step,
@@ -95,6 +95,14 @@ def decode_prompts(
         bar.update(1)
     bar.close()
     return DecodeBatch(outputs, time.perf_counter() - start)
+
+
+def encode_checked(loaded: LoadedModel, prompts: list[str], settings: DecodeSettings, what: str) -> list[list[int]]:
+    """Token ids of every prompt, each checked to fit the model's positions before any decoding."""
+    encoded = [encode_prompt(loaded.tokenizer, text) for text in prompts]
+    check_prompt_lengths(encoded, settings.gen_length, settings.block_length,
+                         loaded.model.config.max_position_embeddings, what)
+    return encoded
 
 
 class EngineHook:
@@ -168,6 +176,7 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     on_device = backend in DEVICE_BACKENDS
     loaded = load_on_device(cfg, backend) if on_device else load_model(cfg.model, cfg.cache_dir)
     load_s = time.perf_counter() - t0
+    encode_checked(loaded, prompts, settings, "workload")  # a prompt too long fails before any decoding
 
     def model() -> LoadedModel:
         return loaded

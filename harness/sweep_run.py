@@ -55,7 +55,7 @@ RESUMES_TAG = "harness.resumes"
 
 def start_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str], overrides: list[str]) -> str:
     """Create a sweep's parent run and record its id in the sweep dir; raises on failure."""
-    client = open_store(tracking.uri)
+    client = open_store(tracking.uri, tracking.timeout_s)
     root = default_artifact_root(tracking.uri, tracking.artifact_root)
     experiment_id = ensure_experiment(client, experiment_name(tracking, models), root)
     tags = {"harness.kind": "sweep", "sweep_dir": str(sweep_dir.resolve()), "git_commit": git_commit(),
@@ -70,7 +70,7 @@ def open_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str],
                     resume: bool = False) -> tuple[str, bool]:
     """The sweep's parent run: (run id, reused). With resume, an unfinished parent recorded in
     this sweep dir is reused; otherwise a new one is started (module docstring)."""
-    client = open_store(tracking.uri)
+    client = open_store(tracking.uri, tracking.timeout_s)
     previous = _previous_parent(client, sweep_dir, tracking.uri)
     if previous is not None and resume and previous.info.status != "FINISHED":
         run_id = previous.info.run_id
@@ -107,7 +107,7 @@ def _previous_parent(client: Any, sweep_dir: Path, uri: str) -> Any:
 
 
 def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], metrics: dict[str, float]) -> None:
-    client = open_store(tracking.uri)
+    client = open_store(tracking.uri, tracking.timeout_s)
     for path in files:
         if path.is_file():
             client.log_artifact(run_id, str(path), "plots" if path.suffix == ".png" else None)
@@ -120,7 +120,7 @@ def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], 
 def end_parent_run(tracking: TrackingConfig, run_id: str, status: str, why: str,
                    signal_name: str | None = None) -> None:
     """Terminate a parent run that did not reach the end of its sweep; raises on store failure."""
-    client = open_store(tracking.uri)
+    client = open_store(tracking.uri, tracking.timeout_s)
     client.set_tag(run_id, ENDED_TAG, why)
     if signal_name:
         client.set_tag(run_id, "harness.signal", signal_name)

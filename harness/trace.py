@@ -21,6 +21,8 @@ On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,33 +111,46 @@ class RoutingTrace:
 
     @classmethod
     def load(cls, path: str | Path) -> RoutingTrace:
+        """Read a trace file; anything but a well-formed trace is a one-line HarnessError
+        (never a pickle load: np.load(allow_pickle=False))."""
         path = Path(path)
-        if not path.is_file():
-            raise HarnessError(f"trace {path} does not exist; record one with a live run (trace.record=true)")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                data = {k: z[k] for k in z.files}
-        except (OSError, ValueError, EOFError) as exc:
-            kind = type(exc).__name__
-            raise HarnessError(f"trace {path} is corrupt or not a trace ({kind}); record it again") from None
-        version = int(data.get("schema_version", -1))
+        data = read_arrays(path)
+        version = _scalar_int(data.get("schema_version"))
         if version != TRACE_SCHEMA:
             raise HarnessError(f"trace {path} has schema version {version}, this harness reads {TRACE_SCHEMA}; "
                                "record it again with this version")
         try:
-            n_layers, n_experts = (int(v) for v in data["shape"])
-            loads = torch.from_numpy(data["loads"].astype(np.int32))
-            n = loads.shape[0]
-            columns = [data[k] for k in ("step_prompt", "step_block", "step_step", "step_global",
-                                         "step_first_block", "step_kind", "step_tokens", "step_context")]
-            if loads.shape[1:] != (n_layers, n_experts) or any(len(c) != n for c in columns):
-                raise ValueError("inconsistent shapes")
-            trace = cls(n_layers, n_experts, geometry=json.loads(str(data["geometry"])),
-                        meta=json.loads(str(data["meta"])))
-        except (KeyError, ValueError) as exc:
-            raise HarnessError(f"trace {path} is corrupt ({exc}); record it again") from None
-        hints = torch.from_numpy(data["hints"]) if "hints" in data else None
+            return cls._from_arrays(data)
+        except (KeyError, ValueError, TypeError, IndexError, OverflowError, RecursionError) as exc:
+            raise HarnessError(f"trace {path} is corrupt ({_reason(exc)}); record it again") from None
+
+    @classmethod
+    def _from_arrays(cls, data: dict[str, np.ndarray]) -> RoutingTrace:
+        shape = data["shape"]
+        if shape.shape != (2,) or shape.dtype.kind not in "iu":
+            raise ValueError("shape must be two integers")
+        n_layers, n_experts = (int(v) for v in shape)
+        loads_np = _integer_array(data["loads"], "loads", ndim=3)
+        n = loads_np.shape[0]
+        if loads_np.shape[1:] != (n_layers, n_experts):
+            raise ValueError(f"loads has shape {loads_np.shape[1:]}, shape says {(n_layers, n_experts)}")
+        columns = [_integer_array(data[k], k, ndim=1) for k in STEP_COLUMNS]
+        if any(len(c) != n for c in columns):
+            raise ValueError("step columns and loads differ in length")
+        if (loads_np < 0).any() or any((c < 0).any() for c in columns):
+            raise ValueError("negative loads or step fields")
         prompt, block, step, glob, first, kind, tokens, context = columns
+        if (kind >= len(KINDS)).any():
+            raise ValueError(f"step_kind outside 0..{len(KINDS) - 1}")
+        hints = None
+        if "hints" in data:
+            hints_np = data["hints"]
+            if hints_np.shape != loads_np.shape or hints_np.dtype.kind != "f" or not np.isfinite(hints_np).all():
+                raise ValueError("hints must be finite floats shaped like loads")
+            hints = torch.from_numpy(hints_np.astype(np.float32))
+        trace = cls(n_layers, n_experts, geometry=_json_object(data["geometry"], "geometry"),
+                    meta=_json_object(data["meta"], "meta"))
+        loads = torch.from_numpy(loads_np.astype(np.int32))
         for i in range(n):
             info = StepInfo(int(prompt[i]), int(block[i]), int(step[i]), int(glob[i]), bool(first[i]),
                             KINDS[int(kind[i])])
@@ -146,3 +161,54 @@ class RoutingTrace:
                 trace._hints[-1] = hints[i].clone()
         trace._stacked = loads
         return trace
+
+
+STEP_COLUMNS = ("step_prompt", "step_block", "step_step", "step_global", "step_first_block", "step_kind",
+                "step_tokens", "step_context")
+INT32_MAX = np.iinfo(np.int32).max
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an .npz file; a missing, truncated or foreign file is a HarnessError."""
+    if path.is_dir():
+        raise HarnessError(f"trace {path} is a directory; give a trace.npz file")
+    if not path.is_file():
+        raise HarnessError(f"trace {path} does not exist; record one with a live run (trace.record=true)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):  # a bare .npy, not an archive
+                raise ValueError("not an .npz archive")
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, KeyError,
+            RuntimeError) as exc:
+        kind = type(exc).__name__
+        raise HarnessError(f"trace {path} is corrupt or not a trace ({kind}); record it again") from None
+
+
+def _scalar_int(value: np.ndarray | None) -> int:
+    if value is None or value.shape != () or value.dtype.kind not in "iu":
+        return -1
+    return int(value)
+
+
+def _integer_array(value: np.ndarray, name: str, ndim: int) -> np.ndarray:
+    if value.ndim != ndim or value.dtype.kind not in "iub":
+        raise ValueError(f"{name} must be a {ndim}-d integer array, got {value.dtype} {value.shape}")
+    if value.size and value.max() > INT32_MAX:
+        raise ValueError(f"{name} has values beyond int32")
+    return value
+
+
+def _json_object(value: np.ndarray, name: str) -> dict[str, Any]:
+    if value.shape != () or value.dtype.kind != "U":
+        raise ValueError(f"{name} must be a JSON string")
+    parsed = json.loads(str(value))
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{name} must be a JSON object, not a {type(parsed).__name__}")
+    return parsed
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return f"no {exc.args[0]!r} array"
+    return " ".join(str(exc).split())[:200] or type(exc).__name__

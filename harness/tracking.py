@@ -17,6 +17,7 @@ MLflow is imported lazily: a run with `tracking.enabled=false` never pays for it
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -25,12 +26,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from omegaconf import MISSING
+
+from harness.errors import HarnessError
 from harness.mlflow_store import (
+    DEFAULT_TIMEOUT_S,
     TrackingUnavailable,
     add_marker,
     default_artifact_root,
     discard_run,
     ensure_experiment,
+    file_digest,
     find_marker,
     log_batches,
     log_config_yaml,
@@ -39,6 +45,7 @@ from harness.mlflow_store import (
     warn_failure,
 )
 from harness.result import PARAM_MAX_CHARS, RunResult  # noqa: F401 - PARAM_MAX_CHARS re-exported
+from harness.uris import check_tracking_uri
 
 if TYPE_CHECKING:
     from harness.config import HarnessConfig
@@ -58,6 +65,14 @@ class TrackingConfig:
     uri: str = DEFAULT_URI  # sqlite:///path.db, http://host:5000, postgresql://..., ...
     experiment: str | None = None  # null: one experiment per model ("llada2-mini")
     artifact_root: str | None = None  # null: <store dir>/mlartifacts for sqlite, the server's default otherwise
+    timeout_s: float = DEFAULT_TIMEOUT_S  # the longest a request to a tracking server may take (no retries)
+
+    def __post_init__(self) -> None:
+        """The URI's form and the timeout, before the run (a bad scheme used to be reported after it)."""
+        if self.enabled and self.uri != MISSING:
+            check_tracking_uri(str(self.uri), "tracking.uri")
+        if not (math.isfinite(self.timeout_s) and 0 < self.timeout_s <= 600):
+            raise HarnessError(f"tracking.timeout_s={self.timeout_s} must be a number of seconds in (0, 600]")
 
 
 # --------------------------------------------------------------------------- settings
@@ -72,7 +87,13 @@ def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> s
 
 
 def is_logged(run_dir: str | Path, uri: str) -> bool:
-    return find_marker(Path(run_dir) / RUN_MARKER, uri) is not None
+    """This store holds the run dir's result.json as it is now: its marker names the store
+    and the digest of the result it logged (markers written before digests name none)."""
+    marker = find_marker(Path(run_dir) / RUN_MARKER, uri)
+    if marker is None:
+        return False
+    logged = marker.get("result_digest")
+    return logged is None or logged == file_digest(Path(run_dir) / RESULT_FILE)
 
 
 # --------------------------------------------------------------------------- what gets logged
@@ -105,7 +126,8 @@ def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
     """Log one result as an MLflow run and mark the run dir; raises on any store failure."""
     run_dir = Path(run_dir)
     record = result.to_mlflow(run_dir, config_hash, git_commit())
-    client = open_store(tracking.uri)
+    digest = file_digest(run_dir / RESULT_FILE)  # before logging: the marker names what was logged
+    client = open_store(tracking.uri, tracking.timeout_s)
     if parent_run_id:  # children live in their parent's experiment, or the UI cannot nest them
         experiment_id = client.get_run(parent_run_id).info.experiment_id
     else:
@@ -127,7 +149,7 @@ def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
     except BaseException as exc:  # a half-logged run would be duplicated by the next push
         discard_run(client, run_id, "FAILED" if isinstance(exc, Exception) else "KILLED")
         raise
-    add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id)
+    add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id, digest)
     return run_id
 
 
@@ -157,6 +179,20 @@ def record_finished_run(result: RunResult, run_dir: str | Path, cfg: HarnessConf
     if not cfg.tracking.enabled:
         return None
     return log_run(result, run_dir, cfg.tracking, job_parent_run_id(cfg.tracking))
+
+
+def log_if_missing(result_path: Path | None, cfg: HarnessConfig) -> str | None:
+    """resume=true skipped a job: log the result it reuses if this store lacks it (a sweep
+    killed after result.json but before logging), as a child of the current sweep."""
+    tracking = cfg.tracking
+    if result_path is None or not tracking.enabled or is_logged(result_path.parent, tracking.uri):
+        return None
+    try:
+        result = RunResult.from_json(result_path)
+    except (OSError, ValueError, HarnessError) as exc:
+        warn_failure(tracking.uri, "logging of the reused result", exc, result_path.parent)
+        return None
+    return log_run(result, result_path.parent, tracking, job_parent_run_id(tracking))
 
 
 def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:
@@ -253,6 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="tracking URI")
     p.add_argument("--experiment", default=None, help="experiment name (default: llada2-<model>)")
     args = parser.parse_args(argv)
+    from harness.errors import HarnessError
+    from harness.uris import check_tracking_uri
+
+    try:
+        check_tracking_uri(args.uri, "--uri")
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
         print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)

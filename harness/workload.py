@@ -11,18 +11,37 @@ from harness.errors import HarnessError
 if TYPE_CHECKING:
     from harness.config import WorkloadConfig
 
+MAX_PROMPTS_FILE_BYTES = 64 * 2**20  # a prompts file, not a corpus: larger ones are a wrong path
+
+
+def read_prompts_text(path: Path) -> str:
+    """The prompts file's text; one-line errors for a directory, a huge or a non-UTF-8 file."""
+    if path.is_dir():
+        raise HarnessError(f"workload.path={str(path)!r} is a directory; give a JSON-lines file of prompts")
+    if not path.is_file():
+        raise HarnessError(f"workload.path={str(path)!r} does not exist; give a JSON-lines file of prompts")
+    size = path.stat().st_size
+    if size > MAX_PROMPTS_FILE_BYTES:
+        raise HarnessError(f"workload.path={str(path)!r} is {size / 2**20:.0f} MiB, more than the "
+                           f"{MAX_PROMPTS_FILE_BYTES // 2**20} MiB a prompts file may hold; is it the right file?")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise HarnessError(f"workload.path={str(path)!r} is not UTF-8 text (byte {exc.start}); "
+                           "give a JSON-lines file of prompts") from None
+    except OSError as exc:
+        raise HarnessError(f"cannot read workload.path={str(path)!r} ({exc.strerror or exc})") from None
+
 
 def read_jsonl_prompts(path: str | Path, key: str) -> list[str]:
     path = Path(path)
-    if not path.is_file():
-        raise HarnessError(f"workload.path={str(path)!r} does not exist; give a JSON-lines file of prompts")
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(read_prompts_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise HarnessError(f"{path}:{n} is not valid JSON; each line must be an object like "
                                f'{{"{key}": "..."}}') from None
         if not isinstance(obj, dict) or not isinstance(obj.get(key), str) or not obj[key].strip():
@@ -54,3 +73,17 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
             ids = ids["input_ids"]
         return list(ids)
     return list(tokenizer.encode(text))
+
+
+def check_prompt_lengths(prompt_ids: list[list[int]], gen_length: int, block_length: int, max_positions: int,
+                         what: str = "workload") -> None:
+    """Every prompt, padded to whole blocks with its generated tokens, fits the model's
+    positions (the decoding loop allocates that many; a 1M-character prompt once asked for 640 GB)."""
+    for i, ids in enumerate(prompt_ids):
+        padded = -(-(len(ids) + gen_length) // block_length) * block_length
+        if padded > max_positions:
+            raise HarnessError(
+                f"{what} prompt {i} is {len(ids)} tokens; with decode.gen_length={gen_length} in blocks of "
+                f"{block_length} it needs {padded} positions, but the model has max_position_embeddings="
+                f"{max_positions}; shorten the prompt or lower decode.gen_length"
+            )

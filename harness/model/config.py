@@ -4,6 +4,7 @@ parameter and byte counts the budget and the cost model are built on."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -12,6 +13,33 @@ from harness.errors import HarnessError
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_MASK_ID = 156895
 DEFAULT_EOS_ID = 156892
+
+
+POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
+                   "n_group", "topk_group", "routed_scaling_factor", "rope_theta", "rms_norm_eps",
+                   "max_position_embeddings")
+
+
+def check_field_types(values: dict) -> None:
+    """Each config.json field the harness reads has its dataclass type: an int (not a bool)
+    for counts, a finite number for floats, a bool or a string where those are expected."""
+    types = {f.name: f.type for f in fields(LLaDA2Config)}
+    for name, value in values.items():
+        kind = types[name]
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "float":
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise HarnessError(f"config.json has {name}={value!r}; it must be {_KIND_WORDS[kind]}")
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "a string"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +73,9 @@ class LLaDA2Config:
     # ---- construction -------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict) -> LLaDA2Config:
+        if not isinstance(raw, dict):
+            raise HarnessError(f"config.json holds a JSON {type(raw).__name__}, not an object; "
+                               "it must be a Hugging Face model config")
         if raw.get("model_type") != "llada2_moe":
             raise HarnessError(
                 f"config.json has model_type={raw.get('model_type')!r}; the harness loads "
@@ -54,6 +85,7 @@ class LLaDA2Config:
         kwargs = {k: v for k, v in raw.items() if k in known}
         if "eos_token_id" not in raw and "pad_token_id" in raw:
             kwargs["eos_token_id"] = raw["pad_token_id"]
+        check_field_types(kwargs)
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
@@ -67,6 +99,10 @@ class LLaDA2Config:
             raise HarnessError(f"missing {path}; a checkpoint directory needs config.json") from None
         except json.JSONDecodeError as exc:
             raise HarnessError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except (UnicodeDecodeError, RecursionError):
+            raise HarnessError(f"{path} is not a UTF-8 JSON file; a checkpoint's config.json must be") from None
+        except OSError as exc:
+            raise HarnessError(f"cannot read {path} ({exc.strerror or exc})") from None
         return cls.from_dict(raw)
 
     @classmethod
@@ -82,6 +118,18 @@ class LLaDA2Config:
         return asdict(self)
 
     def validate(self) -> None:
+        for name in POSITIVE_FIELDS:
+            if getattr(self, name) <= 0:
+                raise HarnessError(f"config.json has {name}={getattr(self, name)}; it must be positive")
+        for name in ("first_k_dense_replace", "num_shared_experts", "mask_token_id", "eos_token_id"):
+            if getattr(self, name) < 0:
+                raise HarnessError(f"config.json has {name}={getattr(self, name)}; it must be >= 0")
+        if self.first_k_dense_replace > self.num_hidden_layers:
+            raise HarnessError(f"config.json has first_k_dense_replace={self.first_k_dense_replace} > "
+                               f"num_hidden_layers={self.num_hidden_layers}")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise HarnessError(f"config.json has partial_rotary_factor={self.partial_rotary_factor}; "
+                               "it must be in (0, 1]")
         if self.num_experts % self.n_group:
             raise HarnessError(f"num_experts={self.num_experts} is not divisible by n_group={self.n_group}")
         if self.topk_group > self.n_group:
@@ -92,6 +140,11 @@ class LLaDA2Config:
             raise HarnessError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise HarnessError(f"rotary dim {self.rotary_dim} must be even and <= head_dim")
+
+        for name in ("mask_token_id", "eos_token_id"):
+            if getattr(self, name) >= self.vocab_size:
+                raise HarnessError(f"config.json has {name}={getattr(self, name)} outside the vocabulary "
+                                   f"(vocab_size={self.vocab_size})")
 
     # ---- geometry -----------------------------------------------------------------
     @property
