@@ -23,8 +23,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.artifacts import calibration_trace, workload_trace
+from harness.batch_replay import replay_trace
 from harness.errors import HarnessError
-from harness.fast_replay import replay_fast_or_exact
 from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometry
 from harness.results import write_json_atomic
 from harness.run import build_result, decode_settings, setup_run
@@ -75,7 +75,7 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     engine = setup.engine()
     engine.prepare(calibration, int(trace.meta.get("decode", {}).get("steps", settings.steps)))
     start = time.perf_counter()
-    replay_mode = replay_fast_or_exact(engine, trace).mode  # vectorized for fiddler and tide
+    replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
     replay_s = time.perf_counter() - start
     counts = {
         "prompts": trace.meta.get("prompts", 0),
