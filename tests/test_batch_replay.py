@@ -6,6 +6,8 @@ plan in batch."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -227,3 +229,24 @@ def test_summary_differences_catches_what_the_tests_rely_on(tiny_synthetic):
     assert summary_differences(summary, {**summary, "step_series": series}) == ["step_series[3].modeled_latency_s"]
     assert summary_differences(summary, {**summary, "step_series": series[:-1]})
 
+
+
+def test_bench_prints_live_and_replay_figures_per_system_as_json(capsys):
+    from harness.bench import main
+
+    assert main(["steps=3", "forward=false", "format=json", "systems=gpu_only,tide,mixtral_offload"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["forwards"], out["moe_layers"]) == (3, 19) and set(out["systems"]) == {"gpu_only", "tide",
+                                                                                        "mixtral_offload"}
+    for name, row in out["systems"].items():
+        assert row["layer_steps"] == 3 * 19
+        assert row["live_us_per_layer_step"] > 0 and row["replay_layer_steps_per_s"] > 0
+        assert row["replay_mode"] == ("fast" if name == "tide" else "engine") and row["replay_exact"] is True
+
+
+def test_bench_rejects_an_unknown_format():
+    from harness.bench import main
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError, match="format=yaml is not one of table, json"):
+        main(["steps=1", "forward=false", "format=yaml", "systems=gpu_only"])
