@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from harness.artifacts import calibration_trace, workload_trace
+from harness.batch_replay import replay_trace
 from harness.config import HarnessConfig
 from harness.errors import HarnessError
-from harness.fast_replay import replay_fast_or_exact
 from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometry
 from harness.result import RunIdentity, RunResult
 from harness.run import build_result, setup_run
@@ -102,7 +102,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     engine = setup.engine()
     engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
     start = time.perf_counter()
-    replay_mode = replay_fast_or_exact(engine, trace).mode  # vectorized for fiddler and tide
+    replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
     replay_s = time.perf_counter() - start
     counts = {
         "prompts": meta_count(trace, "prompts", path),

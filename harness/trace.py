@@ -87,6 +87,16 @@ class RoutingTrace:
     def __len__(self) -> int:
         return len(self.steps)
 
+    def forward_size(self, step: int, top_k: int) -> tuple[int, int]:
+        """(tokens, context) a replay gives forward `step`: what the trace recorded; where
+        it recorded none (0), tokens from the loads (every token routes to top_k experts,
+        so the busiest layer has top_k pairs per token) and the context equals them."""
+        n_tokens = self.n_tokens[step]
+        if not n_tokens:
+            loads = self.loads[step]
+            n_tokens = -(-int(loads.sum(-1).max()) // top_k) if loads.shape[0] else 0
+        return n_tokens, self.n_context[step] or n_tokens
+
     # ---- files -------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         arrays: dict[str, np.ndarray] = {

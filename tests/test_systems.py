@@ -331,7 +331,7 @@ def drive(
             routed = load > 0
             assert not (plan.gpu & plan.cpu).any() and torch.equal(plan.gpu | plan.cpu, routed)
             assert all(len(eng.layer_resident(lay)) <= cap for lay in range(geo.n_moe_layers))
-            free = eng.free_movement
+            free = plan.free_moves
             cached = len(plan.fetch_sync) - len(plan.scratch)
             expect["copies_sync"] += 0 if free else cached
             expect["copies_scratch"] += len(plan.scratch)

@@ -156,10 +156,10 @@ class HybridExecutor:
             cpu_experts_s=clock.cpu_s,
         )
         self.steps.append(timing)
-        before = len(self.engine.step_series)
+        opened = self.engine.in_forward
         self.engine.end_step()
-        if len(self.engine.step_series) > before:  # the measured figures beside the modeled ones
-            self.engine.step_series[-1].update(
+        if opened:  # the measured figures beside the modeled ones
+            self.engine.ledger.note_last_forward(
                 measured_s=timing.wall_s, measured_gpu_span_s=timing.gpu_span_s,
                 measured_gpu_experts_s=timing.gpu_experts_s, measured_cpu_experts_s=timing.cpu_experts_s,
             )
