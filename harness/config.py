@@ -28,6 +28,7 @@ from harness.hybrid.backend import check_backend
 from harness.model import nominal_geometry
 from harness.topology import TopologyConfig, build_topology, check_system_topology
 from harness.tracking import TrackingConfig
+from systems.registry import SYSTEM_CONFIGS, SYSTEMS, system_from_config
 
 MODEL_NAMES = ("tiny", "mini", "flash")
 DTYPES = ("float32", "bfloat16")
@@ -118,8 +119,6 @@ class HarnessConfig:
         )
         check_backend(self.backend)  # cuda without a GPU is a one-line error
         if _given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
-            from systems.registry import SYSTEMS, system_from_config  # systems import the harness; import late
-
             system_cls = SYSTEMS[self.system.name]
             check_system_topology(system_cls.name, system_cls.multi_gpu, build_topology(self.topology))
             system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
@@ -152,7 +151,5 @@ def register_configs() -> None:
 def _register_system_schemas(cs: ConfigStore) -> None:
     """Each system's options are typed by its own dataclass: conf/system/<name>.yaml pulls
     `<name>_schema` into its defaults."""
-    from systems.registry import SYSTEM_CONFIGS
-
     for name, node in SYSTEM_CONFIGS.items():
         cs.store(group="system", name=f"{name}_schema", node=node)
