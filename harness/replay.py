@@ -29,7 +29,7 @@ from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometr
 from harness.results import write_json_atomic
 from harness.run import build_result, decode_settings, setup_run
 from harness.trace import RoutingTrace
-from harness.workload import load_prompts
+from harness.workload import load_prompts, workload_record
 
 
 def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path) -> None:
@@ -63,11 +63,13 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             loaded.append(load_model(cfg.model, cfg.cache_dir))
         return loaded[0]
 
+    workload = None  # an explicit trace holds prompts this config does not name
     if cfg.trace.path is not None:
         path = Path(cfg.trace.path)
         trace, calibration = explicit_traces(path, setup.system.needs_calibration)
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
+        workload = workload_record(cfg.workload, prompts)
         trace, path = workload_trace(cfg, prompts, settings, model)
         calibration = calibration_trace(cfg, settings, model) if setup.system.needs_calibration else None
     check_geometry(trace, setup.geometry, path)
@@ -89,5 +91,7 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                           checkpoint=trace.meta.get("checkpoint", "?"))
     result["trace"] = str(path)
     result["replay"] = replay_mode
+    if workload is not None:
+        result["workload"] = workload
     write_json_atomic(run_dir / "result.json", result)
     return result

@@ -38,7 +38,7 @@ from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nomina
 from harness.results import write_json_atomic
 from harness.topology import SINGLE, Topology, build_topology
 from harness.trace import RoutingTrace
-from harness.workload import encode_prompt, load_prompts
+from harness.workload import encode_prompt, load_prompts, workload_record
 from systems.base import System
 from systems.registry import make_system
 
@@ -233,6 +233,7 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     result = build_result(cfg, setup, engine, counts, source="live", weights=loaded.weights,
                           checkpoint=str(loaded.path))
     result["backend"] = backend
+    result["workload"] = workload_record(cfg.workload, prompts)  # MLflow's dataset input
     if isinstance(runner, HybridExecutor):  # timing=measured; the modeled figures stay beside it
         apply_measured(result, runner.summary(), backend)
     result.update(

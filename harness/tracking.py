@@ -40,7 +40,9 @@ from harness.mlflow_store import (
     open_store,
     warn_failure,
 )
+from harness.mlflow_ui import NOTE_TAG, child_description, dataset_input, parent_description
 from harness.results import read_json
+from harness.workload import workload_record
 
 RUN_MARKER = "mlflow.json"
 PARENT_MARKER = "mlflow_parent.json"
@@ -163,8 +165,27 @@ def run_tags(result: Mapping[str, Any], run_dir: Path, config_hash: str | None) 
         "machine": (result.get("versions") or {}).get("machine") or platform.node(),
         "run_dir": str(run_dir.resolve()), "config_hash": config_hash,
         "mlflow.runName": "-".join(str(x) for x in (result.get("system"), budget, result.get("model")) if x),
+        NOTE_TAG: child_description({**result, "workload": workload_of(result)}),
     }
     return {k: str(v) for k, v in tags.items() if v is not None}
+
+
+def workload_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The result's workload record; for a result.json written before runs recorded one, the
+    record of a built-in prompt list in its config (a prompts file may have changed since)."""
+    if result.get("workload"):
+        return dict(result["workload"])
+    config = result.get("config") or {}
+    workload = config.get("workload") or {}
+    prompts = [str(p) for p in workload.get("prompts") or []]
+    if workload.get("path") or not prompts or source_is_trace_file(config):
+        return None
+    return workload_record(workload, prompts[: config.get("limit_prompts") or None])
+
+
+def source_is_trace_file(config: Mapping[str, Any]) -> bool:
+    """A replay of an explicit trace decoded the trace's prompts, not the configured ones."""
+    return config.get("source") == "trace" and bool((config.get("trace") or {}).get("path"))
 
 
 def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
@@ -198,6 +219,9 @@ def log_result(result: Mapping[str, Any], run_dir: str | Path, tracking: Trackin
     try:
         metrics = [(k, v, 0) for k, v in numeric_metrics(result.get("metrics") or {}).items()]
         log_batches(client, run_id, run_params(result.get("config") or {}), {}, [*metrics, *series_points(result)])
+        workload = workload_of(result)
+        if workload is not None:
+            client.log_inputs(run_id, datasets=[dataset_input(workload)])
         log_config_yaml(client, run_id, result.get("config") or {})
         for path, sub in artifact_files(run_dir):
             client.log_artifact(run_id, str(path), sub)
@@ -289,11 +313,17 @@ def push_parent(tracking: TrackingConfig, sweep_dir: Path) -> str:
     if existing:
         return existing
     from harness.report import SWEEP_FILES
-    from harness.sweep_run import finish_parent_run, start_parent_run
+    from harness.sweep_run import finish_parent_run, recorded_sweep, start_parent_run, workloads_in
 
     models = {str(read_json(d / RESULT_FILE).get("model")) for d in result_dirs([sweep_dir])}
-    run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [f"(pushed from {sweep_dir})"])
-    finish_parent_run(tracking, run_id, [sweep_dir / f for f in SWEEP_FILES], {})
+    name, command = recorded_sweep(sweep_dir)
+    pushed = f"(pushed from {sweep_dir})"
+    run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [pushed], name,
+                              parent_description(command, note=pushed))
+    summary = sweep_dir / SWEEP_FILES[1]
+    table = summary.read_text() if summary.is_file() else None
+    finish_parent_run(tracking, run_id, [sweep_dir / f for f in SWEEP_FILES], {},
+                      parent_description(command, table, pushed), workloads_in(sweep_dir))
     return run_id
 
 
