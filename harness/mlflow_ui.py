@@ -56,7 +56,7 @@ def ui_hint(uri: str, experiment_id: str) -> str:
 
 def swept_overrides(overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None = None) -> list[str]:
     """What a sweep varies: the command line's sweep overrides (`system=a,b`), the sweeper's
-    configured params (an experiment's grid) that the command line does not override, and
+    configured params (an experiment's grid) that the command line does not set, and
     the experiment it runs (`+experiment=table1`, first)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -64,8 +64,8 @@ def swept_overrides(overrides: Sequence[str], sweeper_params: Mapping[str, Any] 
     experiments = [f"experiment={ov.value()}" for ov in parsed
                    if ov.get_key_element().lstrip("+~") == "experiment" and not ov.is_sweep_override()]
     swept = [ov.input_line.lstrip("+") for ov in parsed if ov.is_sweep_override()]
-    named = {s.split("=", 1)[0] for s in swept}
-    grid = [f"{k}={v}" for k, v in (sweeper_params or {}).items() if str(k).lstrip("+") not in named]
+    named = {ov.get_key_element().lstrip("+~") for ov in parsed}  # the command line wins over the grid
+    grid = [f"{k}={v}" for k, v in (sweeper_params or {}).items() if str(k).lstrip("+~") not in named]
     return experiments + swept + grid
 
 

@@ -58,7 +58,7 @@ def workload_record(workload: Mapping[str, Any], prompts: list[str]) -> dict[str
     """What a run decoded, for result.json and MLflow's dataset input: the workload's name, a
     digest of the prompts actually decoded (after limit_prompts), their number and the source
     (a built-in set in conf/workload, a JSON-lines file, or a file shipped in a package)."""
-    name = str(workload.get("name"))
+    name = str(workload.get("name") or "prompts")
     if workload.get("path"):
         source_type, source = "local", {"uri": Path(str(workload["path"])).resolve().as_uri()}
     elif name in PACKAGED_WORKLOADS:

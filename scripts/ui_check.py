@@ -10,6 +10,7 @@ judging it. Screenshots go into --out. Exit status 1 if any check failed.
   the link the harness prints opens the runs table, which lists the parent run (by its
     sweep name) and, expanded, every child, with the workload in the Dataset column
   the chart view of the children grouped by system and budget
+  the parent run's page: its name, and the description with the command and summary table
   once the sidebar switch was set to "Model training", the bare experiment URL opens the runs table
 """
 
@@ -127,6 +128,21 @@ def check_runs_table(browser: Browser, link: str, parent: dict[str, Any], childr
     browser.screenshot(out / "02-runs-table.png")
 
 
+def check_parent_page(browser: Browser, base: str, parent: dict[str, Any], out: Path) -> None:
+    """The parent run's page: its full name and the description with the command and summary table."""
+    info = parent["info"]
+    open_page(browser, f"{base}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}",
+              "document.body.innerText.includes('Sweep command')", "the parent run's description")
+    close_assistant(browser)
+    browser.evaluate("(() => { const e = [...document.querySelectorAll('a,button,span')].find(x => "
+                     "x.innerText && x.innerText.trim() == 'Show more'); if (e) e.click(); return !!e; })()")
+    time.sleep(1)
+    text = browser.text()
+    check(info["run_name"] in text and "python -m harness -m" in text and "tok/s" in text,
+          "the parent run's page shows its name, the sweep command and the summary table")
+    browser.screenshot(out / "05-parent-run.png")
+
+
 def choose_model_training(browser: Browser) -> None:
     """Click the sidebar's 'Model training' switch, as a user on the GenAI Overview would; the
     browser remembers the choice (localStorage `mlflow.workflowType`)."""
@@ -196,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             choose_model_training(browser)
             check_runs_table(browser, link, parent, children, args.out)
             check_chart_view(browser, link, parent, children, args.out)
+            check_parent_page(browser, base, parent, args.out)
             check_remembered_switch(browser, base, experiment["experiment_id"], args.out)
         except BrowserError as exc:
             check(False, "the browser session", str(exc))
