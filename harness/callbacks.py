@@ -9,7 +9,9 @@
   on_job_end         (the job's process) one compact line per finished job
   on_multirun_end    (launching process) the sweep's summary table: printed, written to
                      the sweep dir (CSV, markdown, throughput plot) and logged to the
-                     parent run, which is then closed FINISHED and the guard released
+                     parent run (artifacts, and with the command in its description),
+                     which is then closed FINISHED and the guard released; then the link
+                     that opens the runs table in the MLflow UI
 
 Hydra turns an exception in a callback into a warning; these methods also catch their
 own store failures so that a sweep never stops because MLflow is unreachable.
@@ -80,9 +82,9 @@ class SweepCallback(Callback):
             return
         overrides = [str(o) for o in config.hydra.overrides.task]
         self.command = mlflow_ui.sweep_command(overrides, [str(o) for o in config.hydra.overrides.hydra])
-        name = mlflow_ui.parent_run_name(mlflow_ui.swept_overrides(overrides, sweeper_params(config)),
-                                         datetime.now())
         try:
+            name = mlflow_ui.parent_run_name(mlflow_ui.swept_overrides(overrides, sweeper_params(config)),
+                                             datetime.now())
             run_id, self.reused = sweep_run.open_parent_run(settings, directory, swept_models(config), overrides,
                                                            resume=bool(config.get("resume", False)), name=name,
                                                            description=mlflow_ui.parent_description(self.command))

@@ -39,6 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from harness.mlflow_store import (
     add_marker,
     default_artifact_root,
@@ -57,13 +59,17 @@ from harness.mlflow_ui import (
     sweep_command,
     swept_overrides,
 )
+from harness.results import read_json
 from harness.tracking import (
     PARENT_MARKER,
+    RESULT_FILE,
     TrackingConfig,
     experiment_name,
     git_commit,
     param_value,
     parent_run_id,
+    result_dirs,
+    workload_of,
 )
 
 ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned (parent runs)
@@ -91,22 +97,19 @@ def start_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str]
 def recorded_sweep(sweep_dir: Path) -> tuple[str, str]:
     """(parent run name, command) of a sweep that ran without a parent run, from the
     multirun.yaml Hydra wrote when it started (push of a sweep that never reached the store)."""
-    from omegaconf import OmegaConf
-
     path = sweep_dir / "multirun.yaml"
-    hydra = OmegaConf.load(path).hydra
-    overrides = [str(o) for o in hydra.overrides.task]
-    params = OmegaConf.to_container(hydra.sweeper.params) if hydra.sweeper.get("params") else {}
+    hydra = OmegaConf.load(path).get("hydra") or {}
+    recorded = hydra.get("overrides") or {}
+    overrides = [str(o) for o in recorded.get("task") or []]
+    params = (hydra.get("sweeper") or {}).get("params")
+    params = OmegaConf.to_container(params) if params else {}
     started = datetime.fromtimestamp(path.stat().st_mtime)
-    command = sweep_command(overrides, [str(o) for o in hydra.overrides.hydra])
+    command = sweep_command(overrides, [str(o) for o in recorded.get("hydra") or []])
     return parent_run_name(swept_overrides(overrides, params), started), command
 
 
 def workloads_in(sweep_dir: Path) -> list[Mapping[str, Any]]:
     """The distinct workloads the sweep's jobs decoded (dataset inputs of its parent run)."""
-    from harness.results import read_json
-    from harness.tracking import RESULT_FILE, result_dirs, workload_of
-
     found = []
     for run_dir in result_dirs([sweep_dir]):
         try:
