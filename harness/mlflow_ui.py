@@ -58,15 +58,28 @@ def swept_overrides(overrides: Sequence[str], sweeper_params: Mapping[str, Any] 
     """What a sweep varies: the command line's sweep overrides (`system=a,b`), the sweeper's
     configured params (an experiment's grid) that the command line does not set, and
     the experiment it runs (`+experiment=table1`, first)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    parsed = _parse_overrides(overrides)
     experiments = [f"experiment={ov.value()}" for ov in parsed
                    if ov.get_key_element().lstrip("+~") == "experiment" and not ov.is_sweep_override()]
     swept = [ov.input_line.lstrip("+") for ov in parsed if ov.is_sweep_override()]
     named = {ov.get_key_element().lstrip("+~") for ov in parsed}  # the command line wins over the grid
     grid = [f"{k}={v}" for k, v in (sweeper_params or {}).items() if str(k).lstrip("+~") not in named]
     return experiments + swept + grid
+
+
+def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
+    """Hydra's parse of each override; text that is not an override (a push's placeholder) is skipped."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed += parser.parse_overrides([text])
+        except HydraException:
+            continue
+    return parsed
 
 
 def parent_run_name(swept: Sequence[str], started: datetime) -> str:

@@ -29,6 +29,10 @@ def test_parent_name_of_an_experiment_grid_names_the_experiment_and_its_grid() -
     assert swept == ["experiment=table1", "system=tide,oracle", "decode.gen_length=256,1024", "budget=10GB,18GB"]
 
 
+def test_text_that_is_not_an_override_is_left_out_of_the_name() -> None:
+    assert mlflow_ui.swept_overrides(["(pushed from /x)", "x", "system=a,b"]) == ["system=a,b"]
+
+
 def test_a_long_parent_name_is_cut_to_mlflows_limit() -> None:
     name = mlflow_ui.parent_run_name([f"system={','.join(['tide'] * 100)}"], STARTED)
     assert len(name) == mlflow_ui.RUN_NAME_MAX_CHARS and name.endswith("...")
