@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, experiment_tags
 from harness.results import read_json, write_json_atomic
 
 BATCH_METRICS = 1000  # MLflow's per-call limits
@@ -166,18 +167,28 @@ def default_artifact_root(uri: str, artifact_root: str | None = None) -> str | N
 
 
 def ensure_experiment(client: Any, name: str, artifact_root: str | None) -> str:
+    """The experiment's id, created if missing, with the harness's experiment tags (the kind
+    that opens the MLflow UI on the runs table, harness/mlflow_ui.py)."""
     found = client.get_experiment_by_name(name)
     if found is not None:
+        declare_kind(client, found)
         return found.experiment_id
     location = Path(artifact_root, name).resolve().as_uri() if artifact_root and "://" not in artifact_root \
         else (f"{artifact_root.rstrip('/')}/{name}" if artifact_root else None)
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags=experiment_tags())
     except Exception:  # another process created it first (parallel jobs)
         found = client.get_experiment_by_name(name)
         if found is None:
             raise
         return found.experiment_id
+
+
+def declare_kind(client: Any, experiment: Any) -> None:
+    """Tag an experiment made before the harness declared its kind; a kind already set (by a
+    user in the UI, say) is left as it is."""
+    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
 
 def log_batches(client: Any, run_id: str, params: dict[str, str], tags: dict[str, str],

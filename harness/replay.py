@@ -27,7 +27,7 @@ from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometr
 from harness.result import RunIdentity, RunResult
 from harness.run import build_result, setup_run
 from harness.trace import RoutingTrace
-from harness.workload import load_prompts
+from harness.workload import load_prompts, workload_record
 
 
 def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path, model: str = "?") -> None:
@@ -88,11 +88,13 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
             loaded.append(load_model(cfg.model, cfg.cache_dir))
         return loaded[0]
 
+    workload = None  # an explicit trace holds prompts this config does not name
     if cfg.trace.path is not None:
         path = Path(cfg.trace.path)
         trace, calibration = explicit_traces(path, setup.system.needs_calibration)
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
+        workload = workload_record(cfg.workload, prompts)
         trace, path = workload_trace(cfg, prompts, settings, model)
         calibration = calibration_trace(cfg, settings, model) if setup.system.needs_calibration else None
     check_geometry(trace, setup.geometry, path, str(cfg.model.name))
@@ -115,5 +117,6 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
                            checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode)
     result = build_result(cfg, setup, engine, counts, clock, identity)
+    result.workload = workload
     result.save_json(run_dir / "result.json")
     return result

@@ -84,6 +84,7 @@ class RunResult:
     versions: dict[str, str] = field(default_factory=dict)
     step_series: list[dict[str, Any]] = field(default_factory=list)
     decoded: DecodedOutputs | None = None
+    workload: dict[str, Any] | None = None  # the prompts decoded (MLflow's dataset input)
     schema: int = SCHEMA
 
     # ------------------------------------------------------------------ the flat metrics
@@ -118,6 +119,8 @@ class RunResult:
                    step_series=self.step_series, system_report=self.system_report, versions=self.versions)
         if self.decoded is not None:
             out.update(outputs=self.decoded.outputs, steps=self.decoded.steps, first_text=self.decoded.first_text)
+        if self.workload is not None:
+            out["workload"] = self.workload
         return out
 
     def save_json(self, path: str | Path) -> Path:
@@ -143,7 +146,8 @@ class RunResult:
                    metrics=flat, system_report=report, lossless=lossless,
                    timing=Timing(str(data.get("timing") or "modeled"), timing),
                    versions=dict(data.get("versions") or {}), step_series=list(data.get("step_series") or []),
-                   decoded=decoded, schema=int(data.get("schema", SCHEMA)))
+                   decoded=decoded, workload=data.get("workload") if isinstance(data.get("workload"), dict) else None,
+                   schema=int(data.get("schema", SCHEMA)))
 
     @classmethod
     def from_json(cls, path: str | Path) -> RunResult:

@@ -37,7 +37,7 @@ from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nomina
 from harness.result import DecodedOutputs, DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
 from harness.topology import SINGLE, Topology, build_topology
 from harness.trace import RoutingTrace
-from harness.workload import check_prompt_lengths, encode_prompt, load_prompts
+from harness.workload import check_prompt_lengths, encode_prompt, load_prompts, workload_record
 from systems.base import System
 from systems.registry import system_from_config
 
@@ -222,6 +222,7 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     result = build_result(cfg, setup, engine, counts, clock, RunIdentity(
         source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=backend))
     result.lossless = check.metrics()
+    result.workload = workload_record(cfg.workload, prompts)  # MLflow's dataset input
     if isinstance(runner, HybridExecutor):  # timing=measured; the modeled figures stay beside it
         apply_measured(result, runner.summary(), backend)
     first = batch.outputs[0]

@@ -21,10 +21,11 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
@@ -44,8 +45,10 @@ from harness.mlflow_store import (
     open_store,
     warn_failure,
 )
+from harness.mlflow_ui import NOTE_TAG, child_description, dataset_input, parent_description
 from harness.result import PARAM_MAX_CHARS, RunResult  # noqa: F401 - PARAM_MAX_CHARS re-exported
 from harness.uris import check_tracking_uri
+from harness.workload import workload_record
 
 if TYPE_CHECKING:
     from harness.config import HarnessConfig
@@ -109,6 +112,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+def workload_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The result's workload record; for a result.json written before runs recorded one, the
+    record of a built-in prompt list in its config (a prompts file may have changed since)."""
+    if result.get("workload"):
+        return dict(result["workload"])
+    config = result.get("config") or {}
+    workload = config.get("workload") or {}
+    prompts = [str(p) for p in workload.get("prompts") or []]
+    if workload.get("path") or not prompts or source_is_trace_file(config):
+        return None
+    return workload_record(workload, prompts[: config.get("limit_prompts") or None])
+
+
+def source_is_trace_file(config: Mapping[str, Any]) -> bool:
+    """A replay of an explicit trace decoded the trace's prompts, not the configured ones."""
+    return config.get("source") == "trace" and bool((config.get("trace") or {}).get("path"))
+
+
 def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
     """(file, artifact sub-directory): result, plots, routing traces, Hydra's own record."""
     files: list[tuple[Path, str | None]] = [(run_dir / RESULT_FILE, None)]
@@ -134,6 +155,9 @@ def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
         name = experiment_name(tracking, [str(result.identity.model)])
         experiment_id = ensure_experiment(client, name, default_artifact_root(tracking.uri, tracking.artifact_root))
     tags = dict(record.tags)
+    plain = result.to_dict()
+    workload = workload_of(plain)
+    tags[NOTE_TAG] = child_description({**plain, "workload": workload})
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     # tagged from birth, so that a run cut short anywhere is found as its parent's orphan
@@ -142,6 +166,8 @@ def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
     try:
         metrics = [(k, v, 0) for k, v in record.metrics.items()]
         log_batches(client, run_id, record.params, {}, [*metrics, *record.series])
+        if workload is not None:
+            client.log_inputs(run_id, datasets=[dataset_input(workload)])
         log_config_yaml(client, run_id, result.config)
         for path, sub in artifact_files(run_dir):
             client.log_artifact(run_id, str(path), sub)
@@ -247,11 +273,17 @@ def push_parent(tracking: TrackingConfig, sweep_dir: Path) -> str:
     if existing:
         return existing
     from harness.report import SWEEP_FILES
-    from harness.sweep_run import finish_parent_run, start_parent_run
+    from harness.sweep_run import finish_parent_run, recorded_sweep, start_parent_run, workloads_in
 
     models = {str(RunResult.from_json(d / RESULT_FILE).identity.model) for d in result_dirs([sweep_dir])}
-    run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [f"(pushed from {sweep_dir})"])
-    finish_parent_run(tracking, run_id, [sweep_dir / f for f in SWEEP_FILES], {})
+    name, command = recorded_sweep(sweep_dir)
+    pushed = f"(pushed from {sweep_dir})"
+    run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [pushed], name,
+                              parent_description(command, note=pushed))
+    summary = sweep_dir / SWEEP_FILES[1]
+    table = summary.read_text() if summary.is_file() else None
+    finish_parent_run(tracking, run_id, [sweep_dir / f for f in SWEEP_FILES], {},
+                      parent_description(command, table, pushed), workloads_in(sweep_dir))
     return run_id
 
 

