@@ -87,6 +87,9 @@ def open_store(uri: str) -> Any:
     elif uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     _quiet_store_logs()
+    # MLflow's telemetry thread pops an environment variable when it cannot reach its (outside)
+    # endpoint, racing with `requests` reading os.environ: a KeyError that drops a run's logging
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
