@@ -7,7 +7,7 @@
 #
 # Needs root (it installs Debian packages when missing and runs PostgreSQL as `postgres`).
 # 1. packages: installs what is missing (apt-get update first): postgresql, and for SLURM
-#    slurm-wlm, munge, slurmdbd and mariadb-server-core (sacct needs slurmdbd, which stores
+#    slurm-wlm, munge, slurmdbd and mariadb-{server,client}-core (sacct needs slurmdbd, which stores
 #    only in MariaDB/MySQL); psycopg2-binary from PyPI (what `pip install .[cluster]` adds).
 # 2. services, in a temporary folder: munged, mariadbd, slurmdbd, slurmctld and slurmd with
 #    a one-node configuration (this node's CPUs and memory as `slurmd -C` reports them, one
@@ -77,7 +77,7 @@ trap 'exit 130' INT TERM
 # ---------------------------------------------------------------------------- 1. packages
 STEP_START=$SECONDS
 PACKAGES=(postgresql)
-[ "$LAUNCHER" = slurm ] && PACKAGES+=(slurm-wlm munge slurmdbd mariadb-server-core)
+[ "$LAUNCHER" = slurm ] && PACKAGES+=(slurm-wlm munge slurmdbd mariadb-server-core mariadb-client-core)
 MISSING=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || MISSING+=("$p")
@@ -86,12 +86,18 @@ if [ ${#MISSING[@]} -gt 0 ]; then
   { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${MISSING[@]}"; } \
     > "$WORK/log/apt.log" 2>&1
 fi
-python -c "import psycopg2" 2>/dev/null || python -m pip install -q "psycopg2-binary>=2.9" > "$WORK/log/pip.log" 2>&1
-if python -c "import psycopg2" 2>/dev/null && [ -n "$(pg_bin postgres)" ] \
-   && { [ "$LAUNCHER" != slurm ] || command -v sbatch slurmctld slurmdbd munged mariadbd > /dev/null; }; then
-  report ok packages "${PACKAGES[*]} psycopg2 present$([ ${#MISSING[@]} -gt 0 ] && echo "; installed ${MISSING[*]}")"
+PIP=""
+if ! python -c "import psycopg2" 2>/dev/null; then
+  python -m pip install -q "psycopg2-binary>=2.9" > "$WORK/log/pip.log" 2>&1
+  PIP="; pip installed psycopg2-binary"
+fi
+TOOLS=(psql)
+[ "$LAUNCHER" = slurm ] && TOOLS+=(sbatch sacct scancel slurmctld slurmd slurmdbd munged mariadbd mariadb-install-db)
+ABSENT=$(for t in "${TOOLS[@]}"; do command -v "$t" > /dev/null || echo "$t"; done)
+if python -c "import psycopg2" 2>/dev/null && [ -n "$(pg_bin postgres)" ] && [ -z "$ABSENT" ]; then
+  report ok packages "${PACKAGES[*]} psycopg2 present$([ ${#MISSING[@]} -gt 0 ] && echo "; apt installed ${MISSING[*]}")$PIP"
 else
-  report FAILED packages "could not install ${MISSING[*]:-psycopg2} (see $OUT/log/apt.log, pip.log)"
+  report FAILED packages "missing after the install: $(echo $ABSENT) (see $OUT/log/apt.log, pip.log)"
   exit 1
 fi
 
