@@ -1,8 +1,10 @@
 """scripts/cluster_check.sh under pytest: a one-node SLURM cluster, PostgreSQL and an mlflow
 server, brought up, used by real sweeps and stopped again (README, "Sweeps on a SLURM
-cluster"). It needs root and the Debian packages; without them it is skipped, with the
-reason. It takes minutes (README has the measured times), hence `slow`; .ci/run does not
-install the packages, so CI skips it."""
+cluster"). It needs root, sbatch and PostgreSQL; without them it is skipped, with the
+reason. One launcher takes about 20 minutes on 2 shared cores (README has the measured
+times), so it also waits to be asked: HARNESS_CLUSTER_CHECK=1. Otherwise a machine where
+the script once ran (it leaves the packages installed) would add 40 minutes to every full
+`python -m pytest`. .ci/run neither installs the packages nor asks for it."""
 
 from __future__ import annotations
 
@@ -27,9 +29,8 @@ def missing_for(launcher: str) -> list[str]:
     missing = [] if os.geteuid() == 0 else ["root"]
     if not _postgres_present():
         missing.append("PostgreSQL (pg_ctl/postgres)")
-    if launcher == "slurm":
-        missing += [tool for tool in ("sbatch", "slurmctld", "slurmd", "munged") if not shutil.which(tool)]
-    return missing
+    tools = ("sbatch", "slurmctld", "slurmd", "munged") if launcher == "slurm" else ("sbatch",)
+    return missing + [tool for tool in tools if not shutil.which(tool)]
 
 
 @pytest.mark.slow
@@ -39,6 +40,8 @@ def test_cluster_check_passes_every_check(launcher: str, tmp_path: Path) -> None
     if missing:
         pytest.skip(f"needs {', '.join(missing)}: run `bash scripts/cluster_check.sh {launcher}` as root "
                     "(it installs the packages)")
+    if os.environ.get("HARNESS_CLUSTER_CHECK") != "1":
+        pytest.skip("about 20 minutes: set HARNESS_CLUSTER_CHECK=1 to run it")
     env = {**os.environ, "OUT": str(tmp_path)}
     env.pop("HARNESS_CACHE", None)
     proc = subprocess.run(["bash", "scripts/cluster_check.sh", launcher], cwd=REPO, env=env, capture_output=True,
