@@ -1,6 +1,7 @@
 """Hydra callback for sweeps (registered in conf/config.yaml under hydra.callbacks).
 
-  on_multirun_start  (launching process) create the sweep's parent MLflow run (or, with
+  on_multirun_start  (launching process) for submitit launchers, pin the cache dir and
+                     tracking URI for the jobs (harness/cluster.py); create the sweep's parent MLflow run (or, with
                      resume=true, reuse the unfinished one of this sweep dir) and record
                      its id in <sweep dir>/mlflow_parent.json, where every job, in
                      whatever process or node runs it, finds it (harness.tracking); from
@@ -30,7 +31,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness import mlflow_ui, sweep_run, tracking
+from harness import cluster, mlflow_ui, sweep_run, tracking
 from harness.report import SWEEP_FILES, compact_line, record_from_result, sweep_markdown, sweep_records, sweep_table
 from harness.result import RunResult
 from harness.results import read_json
@@ -84,6 +85,7 @@ class SweepCallback(Callback):
         directory = sweep_dir(config)
         directory.mkdir(parents=True, exist_ok=True)
         settings = tracking_of(config)
+        cluster.prepare_sweep(config, settings.enabled, settings.uri)  # before the launcher submits anything
         if not settings.enabled:
             return
         overrides = [str(o) for o in config.hydra.overrides.task]
@@ -132,7 +134,8 @@ class SweepCallback(Callback):
         table = (directory / SUMMARY_MD).read_text() if records else None
         note = "Resumed (`resume=true`): the table covers every attempt in this sweep dir." if self.reused else None
         try:
-            if self.reused:  # results of the interrupted attempt whose logging was cut short
+            # results of an interrupted attempt whose logging was cut short; SLURM jobs on SQLite log nothing
+            if self.reused or cluster.launcher_logs_for_jobs(config.hydra, settings.uri):
                 tracking.push([directory], settings)
             sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records),
                                         mlflow_ui.parent_description(self.command, table, note),

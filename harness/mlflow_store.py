@@ -147,6 +147,9 @@ def open_store(uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     uri = normalize_uri(uri)
     mlflow_environment(timeout_s)
     _quiet_store_logs()
+    # MLflow's telemetry thread pops an environment variable when it cannot reach its (outside)
+    # endpoint, racing with `requests` reading os.environ: a KeyError that drops a run's logging
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     if uri.startswith(("http://", "https://")):
         _probe_http(uri, timeout_s)
     elif uri.startswith("sqlite:///"):

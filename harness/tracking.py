@@ -204,6 +204,11 @@ def record_finished_run(result: RunResult, run_dir: str | Path, cfg: HarnessConf
         print(f"warning: resume index not written ({exc}); resume=true will rerun this job", file=sys.stderr)
     if not cfg.tracking.enabled:
         return None
+    from harness.cluster import job_leaves_logging_to_launcher
+
+    if job_leaves_logging_to_launcher(cfg.tracking.uri):  # no SQLite writes from compute nodes
+        print("MLflow: this SLURM job's result is logged by the launching process at the end of the sweep")
+        return None
     return log_run(result, run_dir, cfg.tracking, job_parent_run_id(cfg.tracking))
 
 
