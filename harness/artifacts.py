@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig
 
 from harness.cost import CostModel, HardwareConfig
-from harness.decoding import DecodeSettings
+from harness.decoding import DecodeSettings, steps_per_block
 from harness.errors import HarnessError
 from harness.lossless import load_reference, store_reference
 from harness.model.proxy import proxy_dir
@@ -113,7 +113,7 @@ def record_trace(loaded: LoadedModel, cfg: DictConfig, prompts: list[str], setti
 
     g = loaded.nominal
     trace = new_trace(loaded, cfg, settings, purpose)
-    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), settings.steps, trace=trace)
+    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), steps_per_block(settings), trace=trace)
     batch = decode_with_engine(loaded, engine, prompts, settings, desc=purpose)
     describe_batch(trace, batch)
     return trace, batch

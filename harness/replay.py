@@ -73,7 +73,9 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     check_geometry(trace, setup.geometry, path)
 
     engine = setup.engine()
-    engine.prepare(calibration, int(trace.meta.get("decode", {}).get("steps", settings.steps)))
+    recorded = trace.meta.get("decode", {})  # steps per block as the decode ran them (clamped to gen_length)
+    steps = min(int(recorded.get("steps", settings.steps)), int(recorded.get("gen_length", settings.gen_length)))
+    engine.prepare(calibration, steps)
     start = time.perf_counter()
     replay_mode = replay_fast_or_exact(engine, trace).mode  # vectorized for fiddler and tide
     replay_s = time.perf_counter() - start
