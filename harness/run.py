@@ -199,8 +199,8 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         reference = load_reference(cfg.cache_dir, ref_key)
     if reference is None and setup.system.name != "gpu_only":
         if on_device:
-            ref_batch = decode_with_engine(loaded, all_gpu_engine(loaded, setup.cost, steps_per_block(settings)), prompts,
-                                           settings, desc="reference")
+            all_gpu = all_gpu_engine(loaded, setup.cost, steps_per_block(settings))
+            ref_batch = decode_with_engine(loaded, all_gpu, prompts, settings, desc="reference")
         else:
             ref_batch = decode_prompts(loaded, prompts, settings, desc="reference")
         reference = [o.generated for o in ref_batch.outputs]
