@@ -47,8 +47,9 @@ class DecodeConfig:
 class WorkloadConfig:
     name: str = "coding"
     path: str | None = None  # jsonl file (workload=jsonl)
-    prompt_field: str = "prompt"  # jsonl key holding the prompt
+    prompt_field: str = "prompt"  # jsonl (or dataset) key holding the prompt
     prompts: list[str] = field(default_factory=list)
+    dataset: str | None = None  # a bundled benchmark: humaneval (harness/workload.py)
 
 
 @dataclass
@@ -118,7 +119,7 @@ def validate(cfg: DictConfig) -> None:
     """Range and choice checks; each failure names the key and what is allowed."""
     m, d = cfg.model, cfg.decode
     _require(
-        cfg.workload.path is not None or len(cfg.workload.prompts) > 0,
+        cfg.workload.path is not None or len(cfg.workload.prompts) > 0 or cfg.workload.get("dataset") is not None,
         f"workload={cfg.workload.name} has no prompts: set workload.path=<file.jsonl> "
         "(one JSON object with a 'prompt' per line) or list workload.prompts",
     )
