@@ -90,6 +90,8 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     result = build_result(cfg, setup, engine, counts, source="trace", weights=trace.meta.get("weights", "?"),
                           checkpoint=trace.meta.get("checkpoint", "?"))
     result["trace"] = str(path)
+    if trace.meta.get("derived_from"):  # a no-cache trace derived from a prefix-cached recording
+        result["trace_derived_from"] = trace.meta["derived_from"]
     result["replay"] = replay_mode
     write_json_atomic(run_dir / "result.json", result)
     return result
