@@ -5,6 +5,11 @@
 - the workload trace: gpu_only routing of the workload with next-layer hints (replay runs
   every system over it)
 
+With `decode.cache=none` both traces are derived from the prefix-cached recording
+(`trace.derive_no_cache`): the same routing at a fraction of the cost, since a no-cache
+decode recomputes the whole window every step. The derived trace is cached under the
+no-cache key, the prefix trace under its own.
+
 All three depend only on the model, its weights, the prompts and the decode settings, not
 on the system: on one device every system produces the gpu_only tokens bit for bit, so it
 also routes exactly like gpu_only. The model is loaded only when something must be
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.cost import CostModel, HardwareConfig
-from harness.decoding import DecodeSettings
+from harness.decoding import DecodeSettings, steps_per_block
 from harness.errors import HarnessError
 from harness.lossless import load_reference, store_reference
 from harness.model.proxy import proxy_dir
 from harness.results import fingerprint
-from harness.trace import RoutingTrace
+from harness.trace import RoutingTrace, derive_no_cache
 
 if TYPE_CHECKING:
     from harness.config import HarnessConfig
@@ -113,7 +118,7 @@ def record_trace(loaded: LoadedModel, cfg: HarnessConfig, prompts: list[str], se
 
     g = loaded.nominal
     trace = new_trace(loaded, cfg, settings, purpose)
-    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), settings.steps, trace=trace)
+    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), steps_per_block(settings), trace=trace)
     batch = decode_with_engine(loaded, engine, prompts, settings, desc=purpose)
     describe_batch(trace, batch)
     return trace, batch
@@ -150,7 +155,10 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
     path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
     trace = _cached_trace(path)
     if trace is None:
-        trace, _ = record_trace(load(), cfg, prompts, settings, "calibration")
+        if settings.cache == "none":
+            trace = derive_no_cache(calibration_trace(cfg, replace(settings, cache="prefix"), load, backend))
+        else:
+            trace, _ = record_trace(load(), cfg, prompts, settings, "calibration")
         trace.save(path)
     return trace
 
@@ -158,10 +166,17 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
 def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader
                    ) -> tuple[RoutingTrace, Path]:
     """The gpu_only routing of the workload, recorded live on first use; its tokens are
-    stored as the reference too, since they are the same decode."""
+    stored as the reference too, since they are the same decode. A no-cache trace is
+    derived from the prefix-cached one (whose tokens are not stored as the no-cache
+    reference: a live no-cache run computes its own)."""
     key = artifact_key(cfg, settings, prompts)
     path = Path(cfg.cache_dir) / "traces" / f"{key}.npz"
     trace = _cached_trace(path)
+    if trace is None and settings.cache == "none":
+        prefix, prefix_path = workload_trace(cfg, prompts, replace(settings, cache="prefix"), load)
+        trace = derive_no_cache(prefix)
+        trace.meta["derived_from_trace"] = str(prefix_path)
+        trace.save(path)
     if trace is None:
         trace, batch = record_trace(load(), cfg, prompts, settings, "workload")
         trace.save(path)

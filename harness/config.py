@@ -65,8 +65,9 @@ class ModelConfig:
 class WorkloadConfig:
     name: str = "coding"
     path: str | None = None  # jsonl file (workload=jsonl)
-    prompt_field: str = "prompt"  # jsonl key holding the prompt
+    prompt_field: str = "prompt"  # jsonl (or dataset) key holding the prompt
     prompts: list[str] = field(default_factory=list)
+    dataset: str | None = None  # a bundled benchmark: humaneval (harness/workload.py)
 
 
 @dataclass
@@ -108,7 +109,7 @@ class HarnessConfig:
         """The checks that span parts (each part checked its own values when it was built)."""
         w = self.workload
         _require(
-            w.path is not None or len(w.prompts) > 0,
+            w.path is not None or len(w.prompts) > 0 or w.dataset is not None,
             f"workload={w.name} has no prompts: set workload.path=<file.jsonl> "
             "(one JSON object with a 'prompt' per line) or list workload.prompts",
         )

@@ -8,6 +8,11 @@ Blocks are aligned at position 0: the prompt's whole blocks are context, and its
 partial block is decoded together with the first generated tokens. Within a block every
 masked position whose confidence exceeds `threshold` is taken; if that is fewer than the
 step's share of the schedule, the most confident ones are taken instead.
+
+The schedule is the reference `generate`'s (the published LLaDA2 modeling code): steps
+are clamped to gen_length, and block_length (not the block's masked count) is spread over
+them, so a first block that the prompt partly fills takes whole shares and may finish in
+fewer steps. A block stops when it has no masked position left.
 """
 
 from __future__ import annotations
@@ -112,10 +117,16 @@ class Model(Protocol):
 OnForward = Callable[[StepInfo, int, int], None]
 
 
-def transfer_schedule(n_masked: int, steps: int) -> list[int]:
-    """Spread n_masked tokens evenly over the steps, earlier steps taking the remainder."""
-    base, rem = divmod(n_masked, steps)
+def transfer_schedule(n_tokens: int, steps: int) -> list[int]:
+    """Spread n_tokens evenly over the steps, earlier steps taking the remainder."""
+    base, rem = divmod(n_tokens, steps)
     return [base + (1 if s < rem else 0) for s in range(steps)]
+
+
+def steps_per_block(settings: DecodeSettings) -> int:
+    """The reference clamps the steps to gen_length (`min(steps, gen_length // minimal_topk)`
+    with minimal_topk=1): a 16-token generation gets at most 16 steps per block."""
+    return min(settings.steps, settings.gen_length)
 
 
 def pick_tokens(
@@ -184,6 +195,8 @@ def decode(
         raise ValueError("cache='prefix' needs new_cache")
     generator = torch.Generator().manual_seed(settings.seed) if settings.temperature > 0 else None
     fwd = _Forwarder(model, lb, prompt_index, first_global_step, on_forward)
+    steps = steps_per_block(settings)
+    schedule = transfer_schedule(lb, steps)  # the same for every block, as the reference
 
     if use_cache and first_block > 0:  # the prompt's whole blocks: computed once, then cached
         end = first_block * lb
@@ -193,9 +206,8 @@ def decode(
     for b in range(first_block, n_blocks):
         start, end = b * lb, (b + 1) * lb
         is_first = b == first_block
-        schedule = transfer_schedule(int((x[start:end] == mask_id).sum()), settings.steps)
         steps_taken = 0
-        for s in range(settings.steps):
+        for s in range(steps):
             masked = x[start:end] == mask_id
             if not bool(masked.any()):
                 break

@@ -62,7 +62,8 @@ def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
     steps = decode.get("steps", default) if isinstance(decode, dict) else None
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise HarnessError(f"trace {path} records decode.steps={steps!r} in its meta; record it again")
-    return steps
+    gen = decode.get("gen_length")  # the decode clamps its steps per block to gen_length, as the reference
+    return min(steps, gen) if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 else steps
 
 
 def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, RoutingTrace | None]:
@@ -114,8 +115,10 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     }
     clock = {"replay_s": replay_s,
              "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
+    derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording
     identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
-                           checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode)
+                           checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
+                           trace_derived_from=str(derived) if derived else None)
     result = build_result(cfg, setup, engine, counts, clock, identity)
     result.workload = workload
     result.save_json(run_dir / "result.json")

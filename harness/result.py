@@ -27,7 +27,7 @@ from harness.results import read_json, write_json_atomic
 SCHEMA = 1
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
-OPTIONAL_IDENTITY = ("backend", "trace", "replay")  # written only when set
+OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from")  # written only when set
 
 
 class DuplicateMetricError(ValueError):
@@ -52,6 +52,7 @@ class RunIdentity:
     backend: str | None = None  # live runs: cpu | cuda | standin
     trace: str | None = None  # replays: the trace file
     replay: str | None = None  # replays: how the trace was replayed
+    trace_derived_from: str | None = None  # replays of a no-cache trace derived from a prefix-cached one
 
 
 @dataclass

@@ -26,7 +26,7 @@ from harness.artifacts import calibration_trace, describe_batch, model_identity,
 from harness.budget import Budget, resolve_budget
 from harness.config import HarnessConfig
 from harness.cost import CostModel, HardwareConfig, load_hardware
-from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode
+from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode, steps_per_block
 from harness.engine import OffloadEngine
 from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
 from harness.hybrid.executor import HybridExecutor, apply_measured
@@ -191,8 +191,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         reference = load_reference(cfg.cache_dir, ref_key)
     if reference is None and setup.system.name != "gpu_only":
         if on_device:
-            ref_batch = decode_with_engine(loaded, all_gpu_engine(loaded, setup.cost, settings.steps), prompts,
-                                           settings, desc="reference")
+            all_gpu = all_gpu_engine(loaded, setup.cost, steps_per_block(settings))
+            ref_batch = decode_with_engine(loaded, all_gpu, prompts, settings, desc="reference")
         else:
             ref_batch = decode_prompts(loaded, prompts, settings, desc="reference")
         reference = [o.generated for o in ref_batch.outputs]
@@ -200,7 +200,7 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
 
     trace = new_trace(loaded, cfg, settings, "workload") if record else None
     engine = setup.engine(trace)
-    engine.prepare(calibration if setup.system.needs_calibration else None, settings.steps)
+    engine.prepare(calibration if setup.system.needs_calibration else None, steps_per_block(settings))
     runner = wrap(loaded.model, engine)  # kept here: its measured figures go into the result
     batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
     if isinstance(runner, HybridExecutor):

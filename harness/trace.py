@@ -222,3 +222,45 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, KeyError):
         return f"no {exc.args[0]!r} array"
     return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def derive_no_cache(trace: RoutingTrace) -> RoutingTrace:
+    """The `cache=none` trace of a prefix-cached decode, at prefix cost.
+
+    Under the block-causal mask a token attends only to its own and earlier blocks, so the
+    prompt's whole blocks and every committed block have the same hidden states, hence the
+    same routing, in every later forward: a no-cache denoising step routes the current
+    block (its denoise forward) plus the fixed loads of the prefill and of the commits
+    before it. Hints (sums over tokens) add the same way. The derived trace has one
+    denoise step per recorded one, numbered as a no-cache decode numbers them; its token
+    and context counts are the whole window, as a no-cache forward's.
+    """
+    derived = RoutingTrace(trace.n_layers, trace.n_experts, geometry=dict(trace.geometry),
+                           meta={**trace.meta, "derived_from": "prefix"})
+    decode_meta = dict(trace.meta.get("decode", {}))
+    if decode_meta:
+        decode_meta["cache"] = "none"
+        derived.meta["decode"] = decode_meta
+    loads = trace.loads
+    fixed, fixed_hint, fixed_tokens, prompt = None, None, 0, None
+    global_step = (trace.steps[0].global_step if trace.steps else 0) - 1  # no-cache decodes count denoise steps only
+    for i, step in enumerate(trace.steps):
+        if step.prompt != prompt:  # a new prompt starts with nothing fixed
+            prompt, fixed, fixed_hint, fixed_tokens = step.prompt, torch.zeros_like(loads[i]), None, 0
+        hint = trace._hints[i]
+        if step.kind in ("prefill", "commit"):
+            fixed = fixed + loads[i]
+            fixed_tokens += trace.n_tokens[i]
+            if hint is not None:
+                fixed_hint = hint.clone() if fixed_hint is None else fixed_hint + hint
+            continue
+        global_step += 1
+        window = fixed_tokens + trace.n_tokens[i]
+        derived.add_step(StepInfo(step.prompt, step.block, step.step, global_step, step.is_first_block), window,
+                         window)
+        derived._loads[-1] = fixed + loads[i]
+        if hint is not None or fixed_hint is not None:
+            parts = [h for h in (fixed_hint, hint) if h is not None]
+            derived._hints[-1] = parts[0] + parts[1] if len(parts) == 2 else parts[0].clone()
+    derived._stacked = None
+    return derived

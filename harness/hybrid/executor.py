@@ -53,6 +53,7 @@ from harness.model.experts import (
     combine,
     expert_load,
     group_by_expert,
+    row_dtype,
     sort_by_expert,
     weighted_expert_outputs,
 )
@@ -197,7 +198,7 @@ class HybridExecutor:
         plan, pending = engine.decide(layer, load, hint)  # the system's plan, checked; residency moved
         rt.note("plan", layer)
         scratch = self._apply_moves(layer, plan)
-        buffer = x.new_zeros(idx.numel(), x.shape[1])
+        buffer = x.new_zeros(idx.numel(), x.shape[1], dtype=row_dtype(x, w))  # fp32 rows for bf16, as the reference
         cpu_mask = plan.cpu.to(torch.bool)
         cpu_job = None
         if self.overlap and bool(cpu_mask.any()):

@@ -187,6 +187,18 @@ def check_layers_match(cfg: LLaDA2Config, entries: dict[str, TensorEntry]) -> No
         )
 
 
+def check_no_unexpected(directory: Path, entries: dict[str, TensorEntry], expected: dict) -> None:
+    """A tensor the model has no parameter for (a bias, an extra layer) means the checkpoint
+    computes something this model does not: refuse it instead of silently dropping it."""
+    extra = sorted(set(entries) - set(expected))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise HarnessError(
+            f"checkpoint {directory} has tensor {extra[0]}{more} that this LLaDA2 implementation does not use; "
+            "it is not the published LLaDA2-MoE layout (or enables a feature not implemented here)"
+        )
+
+
 def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Model:
     """Build the model from a checkpoint directory (real or proxy: same code path)."""
     directory = Path(directory)
@@ -216,6 +228,7 @@ def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Mode
         t = maps.tensor(entry)
         # router and norms stay fp32-friendly; everything follows the requested dtype
         state[name] = t if t.dtype == target else t.to(target)
+    check_no_unexpected(directory, entries, state)
     model.load_state_dict(state, assign=True, strict=True)
     model._shard_maps = maps  # keep the mappings alive with the model
     model.eval()

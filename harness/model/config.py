@@ -40,6 +40,41 @@ def check_field_types(values: dict) -> None:
 
 
 _KIND_WORDS = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "a string"}
+# Features of the published config class that this model does not implement, with the one
+# value it computes correctly. A config.json asking for anything else would load and then
+# compute the wrong thing, so it is refused. A key that is absent takes the implemented
+# value: published checkpoints write every key, only hand-written (proxy) configs omit some.
+IMPLEMENTED_FEATURES: dict[str, object] = {
+    "use_qkv_bias": False,  # bias on query_key_value
+    "use_bias": False,  # bias on the attention output projection
+    "use_qk_norm": True,  # per-head RMSNorm of queries and keys
+    "use_rmsnorm": True,
+    "hidden_act": "silu",
+    "score_function": "sigmoid",
+    "norm_topk_prob": True,  # routed weights normalised over the top-k
+    "norm_head": False,
+    "norm_softmax": False,
+    "rope_scaling": None,
+    "use_sliding_window": False,
+    "using_split_qkv_in_self_attention": False,
+    "tie_word_embeddings": False,
+    "moe_router_enable_expert_bias": True,
+    "router_dtype": "fp32",
+}
+
+
+def check_implemented(raw: dict) -> None:
+    """One line naming the first config.json feature this model does not implement."""
+    for key, implemented in IMPLEMENTED_FEATURES.items():
+        if key in raw and raw[key] != implemented:
+            raise HarnessError(
+                f"config.json sets {key}={raw[key]!r}, which this LLaDA2 implementation does not support "
+                f"(it computes {key}={implemented!r} only); use a checkpoint without it or implement it in "
+                "harness/model/llada2.py"
+            )
+    if raw.get("num_shared_experts") in (None, 0):
+        raise HarnessError("config.json has no shared expert (num_shared_experts=0); this implementation "
+                           "always adds one, as LLaDA2.0-mini and -flash do")
 
 
 @dataclass(frozen=True)
@@ -81,8 +116,11 @@ class LLaDA2Config:
                 f"config.json has model_type={raw.get('model_type')!r}; the harness loads "
                 "only 'llada2_moe' checkpoints (LLaDA2.0-mini / -flash)"
             )
+        check_implemented(raw)
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
+        if kwargs.get("head_dim") is None and "hidden_size" in raw and "num_attention_heads" in raw:
+            kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]  # the reference's default
         if "eos_token_id" not in raw and "pad_token_id" in raw:
             kwargs["eos_token_id"] = raw["pad_token_id"]
         check_field_types(kwargs)
