@@ -103,15 +103,18 @@ def prompts_digest(prompts: list[str]) -> str:
     return hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def workload_record(workload: Mapping[str, Any], prompts: list[str]) -> dict[str, Any]:
+def workload_record(workload: WorkloadConfig | Mapping[str, Any], prompts: list[str]) -> dict[str, Any]:
     """What a run decoded, for result.json and MLflow's dataset input: the workload's name, a
     digest of the prompts actually decoded (after limit_prompts), their number and the source
-    (a built-in set in conf/workload, a JSON-lines file, or a file shipped in a package)."""
-    name = str(workload.get("name") or "prompts")
-    if workload.get("path"):
-        source_type, source = "local", {"uri": Path(str(workload["path"])).resolve().as_uri()}
-    elif name in PACKAGED_WORKLOADS:
-        source_type, source = "code", {"tags": {"workload": name, **PACKAGED_WORKLOADS[name]}}
+    (a built-in set in conf/workload, a JSON-lines file, or a file shipped in a package). The
+    workload is the run's typed config, or its dict in an older result.json."""
+    fields = workload if isinstance(workload, Mapping) else vars(workload)
+    name = str(fields.get("name") or "prompts")
+    dataset = fields.get("dataset")
+    if fields.get("path"):
+        source_type, source = "local", {"uri": Path(str(fields["path"])).resolve().as_uri()}
+    elif (dataset or name) in PACKAGED_WORKLOADS:
+        source_type, source = "code", {"tags": {"workload": name, **PACKAGED_WORKLOADS[dataset or name]}}
     else:
         source_type, source = "code", {"tags": {"workload": name, "built_in": f"conf/workload/{name}.yaml"}}
     return {"name": name, "digest": prompts_digest(prompts), "prompts": len(prompts),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from omegaconf import OmegaConf
 
 from harness.cli_check import compose_checked
 from harness.config import register_configs
@@ -67,4 +66,4 @@ def test_prompts_go_through_the_chat_template_when_there_is_one(tiny_tokenizer):
 
 def test_the_workload_schema_accepts_a_dataset_without_prompts():
     cfg = compose_checked(["workload=humaneval"])
-    assert OmegaConf.select(cfg, "workload.dataset") == "humaneval" and len(cfg.workload.prompts) == 0
+    assert cfg.workload.dataset == "humaneval" and len(cfg.workload.prompts) == 0
