@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness import cluster
+from harness.result import RunResult
 from harness.store_check import check_sweep, compare, job_dirs, metric_differences
 from tests.harness_cli import empty_store, sqlite_uri
 from tests.test_sweeps import _compose_hydra
@@ -148,7 +149,8 @@ def test_store_check_reads_a_real_store_and_its_cli_exit_codes(tmp_path: Path) -
     parent = start_parent_run(tracking, sweep, {"tiny"}, ["system=a,b"])
     for i in range(2):
         result = json.loads((sweep / str(i) / "result.json").read_text())
-        log_result({**result, "model": "tiny", "config": {"job": i}}, sweep / str(i), tracking, parent)
+        log_result(RunResult.from_dict({**result, "model": "tiny", "config": {"job": i}}), sweep / str(i), tracking,
+                   parent)
     assert check_sweep(sweep, uri, 2).ok is False  # the parent is still RUNNING
     finish_parent_run(tracking, parent, [], {})
     assert check_sweep(sweep, uri, 2).ok
