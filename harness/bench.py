@@ -34,11 +34,12 @@ from harness.batch_replay import replay_trace, summary_differences
 from harness.budget import resolve_budget
 from harness.cli_check import compose_checked
 from harness.config import register_configs
-from harness.cost import CostModel, load_hardware
+from harness.cost import CostModel
 from harness.decoding import StepInfo
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError, exit_with
 from harness.model import LLaDA2Config, nominal_geometry
+from harness.profiling import load_hardware
 from harness.trace import RoutingTrace
 from systems.registry import SYSTEMS, make_system
 

@@ -20,24 +20,15 @@ expert, the dense first layer(s), lm_head) runs on the GPU; each component is a 
 plus a launch overhead per kernel. Attention scores cost 4 * n_tokens * n_context *
 heads * head_dim flops (QK^T and PV).
 
-The layer combine rule is a timeline of one forward (charged by harness/ledger.py):
-
-    clock += the dense layers; then per MoE layer: clock += its non-expert slice, t0 = clock
-    sync copies queue on the PCIe link behind any async copies still in flight (one link,
-    FIFO); the GPU experts start once the sync copies and any prefetched expert they use
-    have landed: ready = max(t0, sync_done, landing of used prefetches)
-    overlap (CPU runs concurrently):  end = max(ready + gpu, t0 + cpu)
-    no overlap:                       end = ready + gpu + cpu
-    async copies queue on the link after the sync copies; they cost time only when
-    something waits for them: a later layer's GPU experts or sync copies, or the end of
-    the forward (clock += lm_head; clock = max(clock, link_free)).
+The layer combine rule is a timeline of one forward: one FIFO PCIe link shared by sync and
+async copies, GPU experts waiting for the copies they use; harness/ledger.py states and charges it.
 
 For one layer with an idle link this is DESIGN 8's `combine(gpu + sync copies, cpu)` (max
 when overlapping, sum otherwise), and async copies add only max(0, sync + async - that).
 The modeled time splits exactly into non-expert + exposed copy waits + GPU experts +
 exposed CPU time (the part of the CPU work that runs past the GPU path).
 
-Profiles: `conf/hardware/*.yaml` (schema `HardwareConfig`); `load_hardware` returns the
+Profiles: `conf/hardware/*.yaml` (schema `HardwareConfig`); `harness.profiling.load_hardware` returns the
 one a run is charged with, for `hardware=local` the figures harness/profiling.py measured
 on this machine (measuring on first use).
 """
@@ -48,7 +39,6 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -286,34 +276,3 @@ class CostModel:
             cpu_expert_1tok_s=self.cpu_expert_time(1),
         )
         return hw
-
-
-def load_hardware(hw: HardwareConfig, geometry: LLaDA2Config) -> HardwareConfig:
-    """The profile a run is charged with: `hw` itself for a static profile; for one
-    with `profile_path` (hardware=local) the measured figures, profiling this machine
-    first when the file (or this expert shape in it) is missing and profile_if_missing."""
-    if not hw.profile_path:
-        return hw
-    from harness import profiling  # measuring pulls in timing code only hardware=local needs
-
-    path = Path(hw.profile_path)
-    shape = expert_shape(geometry)
-    profile = profiling.read_profile(path)
-    if profile is None or shape not in profile["shapes"]:
-        if not hw.profile_if_missing:
-            raise HarnessError(
-                f"hardware profile {path} has no entry for expert shape {shape}; "
-                "set hardware.profile_if_missing=true to measure this machine"
-            )
-        profile = profiling.profile_local(geometry, path)
-    entry = profile["shapes"][shape]
-    updates: dict[str, Any] = {
-        "cpu_table_shape": shape,
-        "cpu_table_tokens": [int(t) for t in entry["cpu_table_tokens"]],
-        "cpu_table_seconds": [float(s) for s in entry["cpu_table_seconds"]],
-        "measured": "cpu",
-    }
-    if entry.get("gpu"):
-        updates.update({k: float(v) for k, v in entry["gpu"].items()})
-        updates["measured"] = "cpu,gpu,pcie"
-    return HardwareConfig(**{**asdict(hw), **updates})  # checked again in __post_init__

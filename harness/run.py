@@ -25,7 +25,7 @@ import harness
 from harness.artifacts import calibration_trace, describe_batch, model_identity, new_trace, reference_tokens
 from harness.budget import Budget, resolve_budget
 from harness.config import HarnessConfig
-from harness.cost import CostModel, HardwareConfig, load_hardware
+from harness.cost import CostModel, HardwareConfig
 from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode, steps_per_block
 from harness.engine import OffloadEngine
 from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
@@ -34,6 +34,7 @@ from harness.hybrid.placement import wrap
 from harness.hybrid.wiring import all_gpu_engine, load_on_device, reference_key
 from harness.lossless import compare_tokens, load_reference, store_reference
 from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nominal_geometry
+from harness.profiling import load_hardware
 from harness.result import DecodedOutputs, DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
 from harness.topology import SINGLE, Topology, build_topology
 from harness.trace import RoutingTrace

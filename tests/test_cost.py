@@ -16,10 +16,10 @@ from harness.cost import (
     CostModel,
     HardwareConfig,
     expert_shape,
-    load_hardware,
 )
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
+from harness.profiling import load_hardware
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
 MINI = LLaDA2Config.published("llada2_mini")
