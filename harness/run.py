@@ -29,8 +29,7 @@ from harness.cost import CostModel, HardwareConfig
 from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode, steps_per_block
 from harness.engine import OffloadEngine
 from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
-from harness.hybrid.executor import HybridExecutor, apply_measured
-from harness.hybrid.placement import wrap
+from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
 from harness.hybrid.wiring import all_gpu_engine, load_on_device, reference_key
 from harness.lossless import compare_tokens, load_reference, store_reference
 from harness.model import KVCache, LLaDA2Config, LoadedModel, load_model, nominal_geometry

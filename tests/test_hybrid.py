@@ -24,8 +24,8 @@ from harness.cost import CostModel, HardwareConfig
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend, resolve_backend
-from harness.hybrid.executor import HybridExecutor, apply_measured
-from harness.hybrid.placement import attach, wrap
+from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
+from harness.hybrid.placement import attach
 from harness.hybrid.pool import SlotPool
 from harness.hybrid.runtime import Op, StandInRuntime
 from harness.model.config import LLaDA2Config

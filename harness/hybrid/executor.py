@@ -43,7 +43,7 @@ import torch
 
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
-from harness.hybrid.placement import DevicePlacement, HostExperts
+from harness.hybrid.placement import DevicePlacement, HostExperts, placement_of
 from harness.hybrid.pool import SlotPool, fetch_scratch
 from harness.hybrid.runtime import Event
 from harness.model.experts import (
@@ -57,6 +57,7 @@ from harness.model.experts import (
     sort_by_expert,
     weighted_expert_outputs,
 )
+from harness.model.llada2 import LLaDA2Model
 from harness.result import RunResult
 from systems.base import LayerPlan, StepInfo
 
@@ -331,3 +332,11 @@ def apply_measured(result: RunResult, measured: dict[str, Any], backend: str) ->
     result.timing.kind = "measured"
     result.timing.figures.update(measured)
     result.identity.backend = backend
+
+
+def wrap(model: LLaDA2Model, engine: OffloadEngine | HybridExecutor) -> OffloadEngine | HybridExecutor:
+    """The engine itself on the host; a HybridExecutor around it on an attached model."""
+    placement = placement_of(model)
+    if placement is None or isinstance(engine, HybridExecutor):
+        return engine
+    return HybridExecutor(engine, placement)
