@@ -131,6 +131,24 @@ RUNTIME = {
 }
 
 
+def test_a_block_longer_than_gen_length_decodes_as_the_reference(proxy_cache, tiny_dir, tmp_path):
+    """`block=64` with gen_length 16 is accepted on purpose: the reference `generate` pads the
+    window to whole blocks and cuts the output at gen_length, so the harness does the same.
+    What made it wrong before (75 denoising steps for 16 tokens) was the schedule: steps are
+    now clamped to gen_length, so no block takes more than 16 steps."""
+    cfg = compose_checked([*TINY, f"cache_dir={proxy_cache}", "decode.gen_length=16", "decode.block_length=64",
+                           "decode.steps=64", "limit_prompts=2", "system=gpu_only"])
+    decoded = run_job(cfg, tmp_path / "run").decoded
+    assert [o["n_generated"] for o in decoded.outputs] == [16, 16]
+    steps_per_block: dict[tuple[int, int], int] = {}
+    for record in decoded.steps:
+        if record["kind"] == "denoise":
+            key = (record["prompt"], record["block"])
+            steps_per_block[key] = steps_per_block.get(key, 0) + 1
+    assert steps_per_block and max(steps_per_block.values()) <= 16
+    assert {record["tokens_routed"] for record in decoded.steps if record["kind"] == "denoise"} == {64}
+
+
 @pytest.mark.parametrize("name", list(RUNTIME))
 def test_bad_run_input(name, proxy_cache, tiny_dir, tmp_path):
     overrides, needle, edit = RUNTIME[name]
