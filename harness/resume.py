@@ -5,19 +5,23 @@ or how things are recorded (hydra, tracking, resume, cache_dir, show_text). Afte
 finished job an index file `<cache_dir>/results/<hash>.json` is written atomically,
 pointing at its result.json. A sweep that is run again (which gets a new timestamped
 sweep dir) therefore finds the results of the earlier, interrupted sweep wherever they
-are. A skipped job writes `resumed.json` into its own run dir, pointing at the result it
-reuses, so the sweep's summary still lists it. The code is not part of the hash, but a
-result is reused only if it was produced by the same code (`versions.code` in result.json,
-a digest of every harness and systems source file): after a code change, resume reruns.
+are. A job killed between result.json and its index entry is found by its own run dir when
+the sweep is resumed in the same sweep dir. A skipped job writes `resumed.json` into its
+own run dir, pointing at the result it reuses, so the sweep's summary still lists it. The
+code is not part of the hash, but a result is reused only if it was produced by the same
+code (`versions.code` in result.json, a digest of every harness and systems source file):
+after a code change, resume reruns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.errors import HarnessError
 from harness.result import RunResult
 from harness.results import fingerprint, read_json, write_json_atomic
 
@@ -56,21 +60,29 @@ def index_result(config: Mapping[str, Any], run_dir: str | Path, cache_dir: str 
     return write_json_atomic(index_path(cache_dir, digest), entry)
 
 
-def prior_result(config: Mapping[str, Any], cache_dir: str | Path) -> Path | None:
+def prior_result(config: Mapping[str, Any], cache_dir: str | Path, run_dir: str | Path | None = None) -> Path | None:
     """The result.json of an earlier run of this exact config by this code, if it is still
-    there and intact."""
+    there and intact: the one indexed in the cache dir, or else the one already in this
+    job's own run dir (a job killed after writing result.json but before its index entry,
+    resumed in the same sweep dir)."""
+    digest = config_hash(config)
+    candidates = []
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # no entry, a damaged one
+        candidates.append(Path(read_json(index_path(cache_dir, digest))["result"]))
+    if run_dir is not None:
+        candidates.append((Path(run_dir) / "result.json").resolve())
+    return next((path for path in candidates if _reusable(path, digest)), None)
+
+
+def _reusable(path: Path, digest: str) -> bool:
     from harness.artifacts import code_version
 
-    digest = config_hash(config)
     try:
-        path = Path(read_json(index_path(cache_dir, digest))["result"])
         prior = RunResult.from_json(path)
         same_code = prior.versions.get("code") == code_version()
-        if same_code and config_hash(prior.config, prior.identity.backend) == digest:
-            return path
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # no entry, a moved or damaged result: run the job again
-    return None
+        return same_code and config_hash(prior.config, prior.identity.backend) == digest
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, HarnessError):
+        return False  # a moved, damaged or foreign result: run the job again
 
 
 def note_resumed(run_dir: str | Path, prior: Path, digest: str) -> Path:
@@ -89,7 +101,7 @@ def skip_if_done(cfg: HarnessConfig, run_dir: str | Path) -> bool:
     if not cfg.resume:
         return False
     config = cfg.as_dict()
-    prior = prior_result(config, cfg.cache_dir)
+    prior = prior_result(config, cfg.cache_dir, run_dir)
     if prior is None:
         return False
     note_resumed(run_dir, prior, config_hash(config))

@@ -211,6 +211,19 @@ def test_prior_result_requires_the_indexed_result_to_still_match(tmp_path: Path)
     assert prior_result(result["config"], tmp_path / "cache") is None
 
 
+def test_resume_in_the_same_sweep_dir_reuses_a_result_that_was_never_indexed(tmp_path: Path) -> None:
+    """A job killed after writing result.json but before its index entry: the same sweep dir
+    resumed finds it in the job's own run dir; another config's result there is not reused."""
+    result = hand_made_result()
+    run_dir = write_run(tmp_path / "sweep" / "0", result)
+    assert prior_result(result["config"], tmp_path / "cache") is None  # nothing indexed
+    assert prior_result(result["config"], tmp_path / "cache", run_dir) == (run_dir / "result.json").resolve()
+    other = {**result["config"], "limit_prompts": 3}
+    assert prior_result(other, tmp_path / "cache", run_dir) is None
+    (run_dir / "result.json").write_text("{truncated")
+    assert prior_result(result["config"], tmp_path / "cache", run_dir) is None
+
+
 def test_resume_never_reuses_a_result_of_other_code(tmp_path: Path) -> None:
     result = hand_made_result()
     for code, expect_reuse in (("older-code", False), (None, False), (code_version(), True)):
