@@ -23,7 +23,7 @@ from harness.bitsets import as_mask
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
 from harness.tau_solver import top_b_mask
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Fiddler(System):
         super().__init__()
         self.popularity: torch.Tensor | None = None
         self._rule = np.zeros(0, bool)  # cheaper_on_cpu per load
+        self.held_masks = HeldMasks()
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -75,9 +76,8 @@ class Fiddler(System):
     ) -> LayerPlan:
         loads = load.numpy()
         routed = loads > 0
-        held = np.zeros(routed.shape[0], bool)
-        held[list(resident)] = True
-        miss = routed & ~held
+        held = self.held_masks(layer, resident, routed.shape[0])
+        miss = np.greater(routed, held)
         to_scratch = miss & ~self.cheaper_on_cpu(loads)
         scratch = np.flatnonzero(to_scratch).tolist()
         return LayerPlan(

@@ -31,7 +31,7 @@ from harness.bitsets import as_mask, pack, popcount, unpack
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
 from harness.tau_solver import TauSolution, solve_tau
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
 
 MIGRATIONS = ("sync", "async")
 
@@ -79,17 +79,20 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: s
 
 
 def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
-    """`refresh_residency` of one layer, by the batch planner's rule (`refresh_bits`)."""
+    """`refresh_residency` of one layer, by the batch planner's rule (`refresh_bits`,
+    written out for one unpacked row: a live plan calls it every refreshing layer)."""
     target = top_b(loads, capacity)
-    after = refresh_bits(pack(now[None]), pack(target[None]), np.array([target.sum()]), capacity, len(now))
-    return unpack(after, len(now))[0]
-
-
-def held_mask(resident: frozenset[int], n_experts: int) -> np.ndarray:
-    """bool [E] numpy: the experts a layer holds."""
-    mask = np.zeros(n_experts, bool)
-    mask[list(resident)] = True
-    return mask
+    n_target = int(np.count_nonzero(target))
+    leaving = np.greater(now, target)  # resident, not in the target
+    n_demote = int(np.count_nonzero(leaving)) + n_target - capacity
+    if n_demote <= 0:
+        return now | target
+    if n_target >= capacity:
+        return target
+    # a short target holds every routed expert: demote the lowest ids among the rest
+    after = target.copy()
+    after[np.flatnonzero(leaving)[n_demote:]] = True
+    return after
 
 
 class Tide(System):
@@ -120,6 +123,7 @@ class Tide(System):
         self.refreshing = False
         self.refreshes = 0
         self.migrated = 0
+        self.held_masks = HeldMasks()
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -154,9 +158,9 @@ class Tide(System):
     ) -> LayerPlan:
         loads = load.numpy()
         routed = loads > 0
-        now = held_mask(resident, routed.shape[0])
+        now = self.held_masks(layer, resident, routed.shape[0])
         if not self.refreshing:
-            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(routed & ~now))
+            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(np.greater(routed, now)))
         plan = refresh_plan(now, loads, self.capacity, self.migration)
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan
