@@ -18,6 +18,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from harness.artifacts import code_version
+from harness.hybrid.backend import resolve_backend
+from harness.records import compact_line, record_from_result
 from harness.result import RunResult
 from harness.results import fingerprint, read_json, write_json_atomic
 
@@ -39,8 +45,6 @@ def config_hash(config: Mapping[str, Any], backend: str | None = None) -> str:
 
 
 def _local_backend() -> str:
-    from harness.hybrid.backend import resolve_backend
-
     return resolve_backend("auto")
 
 
@@ -59,7 +63,6 @@ def index_result(config: Mapping[str, Any], run_dir: str | Path, cache_dir: str 
 def prior_result(config: Mapping[str, Any], cache_dir: str | Path) -> Path | None:
     """The result.json of an earlier run of this exact config by this code, if it is still
     there and intact."""
-    from harness.artifacts import code_version
 
     digest = config_hash(config)
     try:
@@ -93,7 +96,6 @@ def skip_if_done(cfg: HarnessConfig, run_dir: str | Path) -> bool:
     if prior is None:
         return False
     note_resumed(run_dir, prior, config_hash(config))
-    from harness.report import compact_line, record_from_result
 
     record = record_from_result(RunResult.from_json(prior), str(prior), status="skipped")
     print(f"{compact_line(record, job_label(run_dir))} | reuses {prior}", flush=True)
@@ -102,8 +104,6 @@ def skip_if_done(cfg: HarnessConfig, run_dir: str | Path) -> bool:
 
 def job_label(run_dir: str | Path) -> str:
     """'#3' for the fourth job of a sweep, else the run dir's name."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return f"#{HydraConfig.get().job.num}"
