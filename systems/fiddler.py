@@ -22,8 +22,8 @@ import torch
 from harness.bitsets import as_mask
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
-from harness.tau_solver import top_b_mask
 from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
+from systems.tide_tau import top_b_mask
 
 
 @dataclass

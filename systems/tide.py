@@ -13,7 +13,7 @@ migration: sync  promotions are copied before the layer computes (blocking) and 
 migration: async promotions are copied in the background while hits run on the GPU and
                  every other routed expert (misses, demoted experts) on the CPU (the
                  paper's Algorithm 1); they serve from the next forward on.
-tau: auto        tau* from harness/tau_solver.py over the calibration trace.
+tau: auto        tau* from systems/tide_tau.py over the calibration trace.
 tau: random      a tau drawn uniformly from 1..T at the start of every block (seeded by
                  `seed`): the ablation baseline that shows what choosing tau* is worth.
 """
@@ -30,8 +30,8 @@ import torch
 from harness.bitsets import as_mask, pack, popcount, unpack
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
-from harness.tau_solver import TauSolution, solve_tau
 from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
+from systems.tide_tau import TauSolution, solve_tau
 
 MIGRATIONS = ("sync", "async")
 

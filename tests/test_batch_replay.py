@@ -22,10 +22,10 @@ from harness.cost import CostModel, HardwareConfig, expert_shape
 from harness.engine import OffloadEngine
 from harness.model import load_model, nominal_geometry
 from harness.run import run_job
-from harness.tau_solver import refresh_residency, top_b_mask
 from harness.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide import Tide, refresh_bits, refreshed, top_b
+from systems.tide_tau import refresh_residency, top_b_mask
 
 register_configs()
 
