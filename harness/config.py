@@ -39,7 +39,7 @@ from harness.decoding import DecodeSettings
 from harness.hybrid.backend import check_backend
 from harness.model import nominal_geometry
 from harness.topology import TopologyConfig, build_topology, check_system_topology
-from systems.registry import SYSTEM_CONFIGS, SYSTEMS, system_from_config
+from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
 
 
 @dataclass
@@ -81,8 +81,8 @@ class HarnessConfig:
         )
         check_backend(self.backend)  # cuda without a GPU is a one-line error
         if _given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
-            system_cls = SYSTEMS[self.system.name]
-            check_system_topology(system_cls.name, system_cls.multi_gpu, build_topology(self.topology))
+            entry = REGISTRY[self.system.name]
+            check_system_topology(entry.name, entry.multi_gpu, build_topology(self.topology))
             system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
         if _given(self.model.name):
             self._check_lengths()

@@ -139,12 +139,6 @@ class System:
              resident: frozenset[int]) -> LayerPlan:
         raise NotImplementedError
 
-    def batch_planner(self, resident: list[set[int]], n_experts: int) -> BatchPlanner | None:
-        """A planner that plans whole chunks of forwards at once, deciding what `plan`
-        would, layer for layer (tests hold the two together); None: plan layer by layer.
-        `resident`: the residency per layer now."""
-        return None
-
     def report(self) -> dict[str, object]:
         """System-specific figures for result.json (tau*, d, Lat(tau) curve, ...)."""
         return {}

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.bitsets import as_mask
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
 from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
@@ -87,13 +86,10 @@ class Fiddler(System):
             scratch=scratch,
         )
 
-    def batch_planner(self, resident: list[set[int]], n_experts: int) -> FiddlerBatchPlanner | None:
-        return FiddlerBatchPlanner(self, as_mask(resident, n_experts)) if type(self) is Fiddler else None
-
 
 class FiddlerBatchPlanner:
-    """`Fiddler.plan` for chunks of forwards: placement is static, a miss goes to the CPU
-    or to a scratch copy by its load alone."""
+    """`Fiddler.plan` for chunks of forwards (fiddler's batch planner in systems/registry.py):
+    placement is static, a miss goes to the CPU or to a scratch copy by its load alone."""
 
     def __init__(self, system: Fiddler, resident: np.ndarray) -> None:
         self.system, self.resident = system, resident

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.bitsets import as_mask, pack, popcount, unpack
+from harness.bitsets import pack, popcount, unpack
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
 from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
@@ -165,9 +165,6 @@ class Tide(System):
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan
 
-    def batch_planner(self, resident: list[set[int]], n_experts: int) -> TideBatchPlanner | None:
-        return TideBatchPlanner(self, as_mask(resident, n_experts)) if type(self) is Tide else None
-
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "tau": self.tau,
@@ -236,8 +233,9 @@ def refresh_bits(resident: np.ndarray, target: np.ndarray, n_target: np.ndarray,
 
 
 class TideBatchPlanner:
-    """Residency carried forward by forward in packed rows; the system's own `on_step`
-    runs for every forward (refresh flags, tau draws, the refresh count)."""
+    """`Tide.plan` for chunks of forwards (tide's batch planner in systems/registry.py):
+    residency carried forward by forward in packed rows; the system's own `on_step` runs
+    for every forward (refresh flags, tau draws, the refresh count)."""
 
     def __init__(self, system: Tide, resident: np.ndarray) -> None:
         self.system, self.n_experts = system, resident.shape[-1]
