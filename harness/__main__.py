@@ -16,27 +16,25 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from harness import callbacks
 from harness.cli_check import precheck, typed_config
 from harness.config import register_configs
 from harness.errors import HarnessError
+from harness.results import write_json_atomic
+from harness.resume import resumed_result_path, skip_if_done
+from harness.run import run_job
+from harness.tracking import log_if_missing, record_finished_run
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from harness.resume import skip_if_done
-    from harness.run import run_job
-    from harness.tracking import record_finished_run
-
     run_dir = HydraConfig.get().runtime.output_dir
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         config = typed_config(cfg)  # below here, only the typed HarnessConfig
         if skip_if_done(config, run_dir):  # resume=true and this config already has a result
-            from harness.resume import resumed_result_path
-            from harness.tracking import log_if_missing
-
             log_if_missing(resumed_result_path(run_dir), config)  # killed before logging: log it now
             return
         result = run_job(config, run_dir)
@@ -49,8 +47,6 @@ def main(cfg: DictConfig) -> None:
             f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())[:300]} (a bug: please report it)"
         print(f"error: {message}", file=sys.stderr)
         if in_sweep:
-            from harness.results import write_json_atomic
-
             write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": message})
             return
         sys.exit(2)
@@ -68,7 +64,6 @@ def entry() -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     main()
-    from harness import callbacks
 
     if callbacks.FAILED_JOBS:
         sys.exit(2)

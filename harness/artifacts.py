@@ -34,9 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import systems
 from harness.cost import CostModel, HardwareConfig
+from harness.decode_batch import DecodeBatch, decode_with_engine
 from harness.decoding import DecodeSettings, steps_per_block
 from harness.errors import HarnessError
+from harness.hybrid.wiring import all_gpu_engine, reference_key
 from harness.lossless import load_reference, store_reference
 from harness.model.proxy import proxy_dir
 from harness.results import fingerprint
@@ -45,7 +48,6 @@ from harness.trace import RoutingTrace, derive_no_cache
 if TYPE_CHECKING:
     from harness.config import HarnessConfig
     from harness.model import LoadedModel
-    from harness.run import DecodeBatch
 
 ModelLoader = Callable[[], "LoadedModel"]
 
@@ -72,7 +74,6 @@ def numerics_fingerprint() -> str:
 def code_version() -> str:
     """A digest of every source file of the harness and the systems: which code produced a
     result (recorded in result.json; resume=true reuses only results of the same code)."""
-    import systems
 
     roots = [Path(__file__).resolve().parent, Path(systems.__file__).resolve().parent]
     base = roots[0].parent
@@ -113,8 +114,6 @@ def new_trace(loaded: LoadedModel, cfg: HarnessConfig, settings: DecodeSettings,
 def record_trace(loaded: LoadedModel, cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings,
                  purpose: str) -> tuple[RoutingTrace, DecodeBatch]:
     """Decode with every expert in place and record the routing (with hints)."""
-    from harness.hybrid.wiring import all_gpu_engine
-    from harness.run import decode_with_engine
 
     g = loaded.nominal
     trace = new_trace(loaded, cfg, settings, purpose)
@@ -149,8 +148,6 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
                            "is empty; list prompts under calibration.prompts")
     key = artifact_key(cfg, settings, prompts)
     if backend != "cpu":
-        from harness.hybrid.wiring import reference_key
-
         key = reference_key(key, backend)
     path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
     trace = _cached_trace(path)

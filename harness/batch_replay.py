@@ -1,7 +1,7 @@
 """Replay in batch: a system that plans whole chunks of forwards at once (a vectorized
-planner beside its `plan`, in its own file in systems/) is replayed chunk by chunk, and
-the engine's ledger charges each chunk; every other system is replayed by the engine,
-layer by layer. Either way the engine ends as the replay leaves it (ledger, residency),
+planner beside its `plan`, in its own file in systems/, named by its registry entry) is
+replayed chunk by chunk, and the engine's ledger charges each chunk; every other system
+is replayed by the engine, layer by layer. Either way the engine ends as the replay leaves it (ledger, residency),
 so `engine.summary()` and the system's `report()` read the same, to the bit
 (tests/test_batch_replay.py holds each planner to its `plan`)."""
 
@@ -14,6 +14,7 @@ import numpy as np
 from harness.bitsets import as_sets
 from harness.engine import OffloadEngine
 from harness.trace import RoutingTrace
+from systems.registry import REGISTRY, entry_of
 
 CHUNK_ELEMENTS = 1 << 20  # (forward, layer, expert) entries per chunk: bounds memory, keeps ops large
 
@@ -41,7 +42,7 @@ def batch_refusal(engine: OffloadEngine, trace: RoutingTrace) -> str | None:
         return "the engine is not prepared, or has a forward open"
     if (trace.n_layers, trace.n_experts) != (engine.n_layers, engine.n_experts):
         return "the trace's geometry differs from the engine's"
-    if engine.system.batch_planner(engine.resident, engine.n_experts) is None:
+    if engine.system.name not in REGISTRY or not REGISTRY[engine.system.name].plans_in_batch(engine.system):
         return f"system {engine.system.name!r} does not plan in batch"
     return None
 
@@ -51,8 +52,7 @@ def batch_replay(engine: OffloadEngine, trace: RoutingTrace) -> dict[str, Any]:
     refusal = batch_refusal(engine, trace)
     if refusal is not None:
         raise ValueError(f"no batch replay: {refusal}")
-    planner = engine.system.batch_planner(engine.resident, engine.n_experts)
-    assert planner is not None
+    planner = entry_of(engine.system).planner(engine.system, engine.resident, engine.n_experts)
     loads = trace.loads.numpy().astype(np.int64)
     if loads.size and int(loads.min()) < 0:
         raise ValueError("the trace holds negative expert loads")

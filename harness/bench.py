@@ -38,8 +38,9 @@ from harness.cost import CostModel
 from harness.decoding import StepInfo
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError, exit_with
-from harness.model import LLaDA2Config, nominal_geometry
+from harness.model import LLaDA2Config, load_model, nominal_geometry
 from harness.profiling import load_hardware
+from harness.replay import check_geometry
 from harness.trace import RoutingTrace
 from systems.registry import SYSTEMS, make_system
 
@@ -100,7 +101,6 @@ def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
 def forward_ms_per_layer(model_name: str, tokens: int) -> float:
     """Proxy model forward over one block of `tokens` tokens, per layer (median of 5)."""
     cfg = compose_checked([f"model={model_name}"])
-    from harness.model import load_model
 
     loaded = load_model(cfg.model, cfg.cache_dir)
     ids, pos = torch.arange(tokens) % 100, torch.arange(tokens)
@@ -146,8 +146,6 @@ def main(argv: list[str]) -> int:
     cost = CostModel(geometry, load_hardware(cfg.hardware, geometry))
     b = resolve_budget(cfg.budget, geometry).experts_per_layer
     if args["trace"]:
-        from harness.replay import check_geometry
-
         trace = RoutingTrace.load(Path(args["trace"]))
         check_geometry(trace, geometry, Path(args["trace"]), str(args["model"]))
     else:

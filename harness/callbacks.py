@@ -32,9 +32,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness import cluster, mlflow_ui, sweep_run, tracking
+from harness.plots import throughput_by_budget
 from harness.report import SWEEP_FILES, compact_line, record_from_result, sweep_markdown, sweep_records, sweep_table
 from harness.result import RunResult
 from harness.results import read_json
+from harness.resume import RESUMED_FILE
 
 SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
 
@@ -152,7 +154,6 @@ class SweepCallback(Callback):
 def skipped_by_resume(run_dir: Path) -> bool:
     """resume=true skipped this job just now: its resumed.json is newer than the result.json that
     an earlier attempt of the same sweep dir left there (a job that ran writes result.json last)."""
-    from harness.resume import RESUMED_FILE
 
     try:
         return (run_dir / RESUMED_FILE).stat().st_mtime_ns >= (run_dir / "result.json").stat().st_mtime_ns
@@ -161,8 +162,6 @@ def skipped_by_resume(run_dir: Path) -> bool:
 
 
 def write_sweep_summary(directory: Path, records: list[dict[str, Any]]) -> list[Path]:
-    from harness.plots import throughput_by_budget
-
     table = sweep_table(records)
     table.to_csv(directory / SUMMARY_CSV, index=False)
     (directory / SUMMARY_MD).write_text(sweep_markdown(table))

@@ -26,6 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
 from harness.mlflow_store import normalize_uri
 
 CACHE_ENV = "HARNESS_CACHE"
@@ -80,8 +83,6 @@ def launcher_logs_for_jobs(hydra_cfg: Any, tracking_uri: str) -> bool:
 
 def job_leaves_logging_to_launcher(tracking_uri: str) -> bool:
     """In a job: True when it is one of a SLURM sweep logging to SQLite (see module doc)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return False

@@ -21,64 +21,25 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from harness.budget import BudgetConfig
+from harness.config_parts import (  # noqa: F401 - the parts are re-exported: harness.config names the whole schema
+    DTYPES,
+    MAX_SEED,
+    MODEL_NAMES,
+    SOURCES,
+    CalibrationConfig,
+    ModelConfig,
+    TraceConfig,
+    TrackingConfig,
+    WorkloadConfig,
+    _given,
+    _require,
+)
 from harness.cost import HardwareConfig
 from harness.decoding import DecodeSettings
-from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend
 from harness.model import nominal_geometry
 from harness.topology import TopologyConfig, build_topology, check_system_topology
-from harness.tracking import TrackingConfig
-from systems.registry import SYSTEM_CONFIGS, SYSTEMS, system_from_config
-
-MODEL_NAMES = ("tiny", "mini", "flash")
-DTYPES = ("float32", "bfloat16")
-SOURCES = ("live", "trace")
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise HarnessError(message)
-
-
-def _given(value: Any) -> bool:
-    """False for the schema's placeholder of a mandatory value."""
-    return value != MISSING
-
-
-@dataclass
-class ModelConfig:
-    name: str = MISSING  # tiny | mini | flash
-    nominal: str = MISSING  # published geometry (llada2_mini | llada2_flash) or 'proxy' for tiny
-    path: str | None = None  # real checkpoint directory; null -> proxy weights
-    dtype: str = "float32"  # float32 | bfloat16
-    proxy_seed: int = 0
-
-    def __post_init__(self) -> None:
-        _require(not _given(self.name) or self.name in MODEL_NAMES,
-                 f"model.name={self.name!r} is not allowed; use one of {', '.join(MODEL_NAMES)}")
-        _require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
-        _require(0 <= self.proxy_seed <= MAX_SEED, f"model.proxy_seed={self.proxy_seed} must be in [0, 2**63-1]")
-
-
-@dataclass
-class WorkloadConfig:
-    name: str = "coding"
-    path: str | None = None  # jsonl file (workload=jsonl)
-    prompt_field: str = "prompt"  # jsonl (or dataset) key holding the prompt
-    prompts: list[str] = field(default_factory=list)
-    dataset: str | None = None  # a bundled benchmark: humaneval (harness/workload.py)
-
-
-@dataclass
-class CalibrationConfig:
-    prompts: list[str] = field(default_factory=list)
-
-
-@dataclass
-class TraceConfig:
-    path: str | None = None  # replay: a trace.npz; null = the cached trace of this model/workload/decode
-    record: bool = False  # live: also save trace.npz (+ calibration.npz) into the run dir
+from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
 
 
 @dataclass
@@ -120,8 +81,8 @@ class HarnessConfig:
         )
         check_backend(self.backend)  # cuda without a GPU is a one-line error
         if _given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
-            system_cls = SYSTEMS[self.system.name]
-            check_system_topology(system_cls.name, system_cls.multi_gpu, build_topology(self.topology))
+            entry = REGISTRY[self.system.name]
+            check_system_topology(entry.name, entry.multi_gpu, build_topology(self.topology))
             system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
         if _given(self.model.name):
             self._check_lengths()

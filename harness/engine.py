@@ -115,6 +115,9 @@ class OffloadEngine:
         # (prefetching) see what they would have seen live
         self.record_hints = trace is not None
         self._resident: list[set[int]] = []
+        # per layer, the residency as the frozenset `System.plan` receives; rebuilt only
+        # after a plan moved that layer (most layers of most forwards move nothing)
+        self._frozen: list[frozenset[int] | None] = []
         self._held = np.zeros((self.n_layers, self.n_experts), bool)  # the same, as masks
         self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap)
         self._step: StepInfo | None = None
@@ -144,6 +147,7 @@ class OffloadEngine:
     @resident.setter
     def resident(self, sets: list[set[int]]) -> None:
         self._resident = sets
+        self._frozen = [None] * len(sets)
         self._held[:] = False
         for layer, experts in enumerate(sets):
             self._held[layer, list(experts)] = True
@@ -214,16 +218,18 @@ class OffloadEngine:
         if self.trace is not None:
             self.trace.record(layer, load, hint)
         system = self.system
+        frozen = self._frozen[layer]
+        if frozen is None:
+            frozen = self._frozen[layer] = frozenset(self._resident[layer])
         plan_start = perf_counter()
-        plan = system.plan(layer, load, hint if system.wants_hint else None, frozenset(self._resident[layer]))
+        plan = system.plan(layer, load, hint if system.wants_hint else None, frozen)
         plan_s = perf_counter() - plan_start
         # checks read residency as it is before the plan; `_move` then applies the plan
-        loads, gpu, routed, scratch = self.rules.check(layer, load, plan, self._resident, self._held[layer])
         held = self._held[layer]
-        missed = None if plan.free_moves else routed & ~held
+        loads, gpu, routed, missed, scratch = self.rules.check(layer, load, plan, self._resident, held)
         n_cached, async_targets = self._move(layer, plan, scratch)
-        if missed is None:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
-            missed = routed & ~held
+        if plan.free_moves:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
+            missed = np.greater(routed, held)
         pending = PendingLayer(layer, plan, load, loads, gpu, missed, len(scratch), n_cached, async_targets, plan_s)
         self._pending = pending
         pending.engine_s = perf_counter() - start - plan_s
@@ -253,6 +259,8 @@ class OffloadEngine:
         issued, as (layer, expert)."""
         resident, held = self._resident[layer], self._held[layer]
         cached_sync = [e for e in plan.fetch_sync if e not in scratch] if scratch else plan.fetch_sync
+        if plan.evict or cached_sync or plan.fetch_async:
+            self._frozen[layer] = None
         if plan.evict:
             resident.difference_update(plan.evict)
             held[plan.evict] = False
@@ -260,8 +268,9 @@ class OffloadEngine:
             if arrived:
                 resident.update(arrived)
                 held[arrived] = True
-        async_targets = [(layer, e) for e in plan.fetch_async]
+        async_targets = [(layer, e) for e in plan.fetch_async] if plan.fetch_async else []
         if plan.prefetch or plan.prefetch_evict:
+            self._frozen[layer + 1] = None
             nxt, nxt_held = self._resident[layer + 1], self._held[layer + 1]
             nxt.difference_update(plan.prefetch_evict)
             nxt_held[plan.prefetch_evict] = False

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from harness.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, experiment_tags
 from harness.results import read_json, write_json_atomic
 
@@ -211,8 +213,6 @@ def log_batches(client: Any, run_id: str, params: dict[str, str], tags: dict[str
 
 
 def log_config_yaml(client: Any, run_id: str, config: Mapping[str, Any]) -> None:
-    from omegaconf import OmegaConf
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "config.yaml")
         path.write_text(OmegaConf.to_yaml(OmegaConf.create(dict(config))))

@@ -22,6 +22,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # the UI's "Machine learning" kind: runs table first
 NOTE_TAG = "mlflow.note.content"  # a run's description (markdown) on its page in the UI
@@ -69,8 +72,6 @@ def swept_overrides(overrides: Sequence[str], sweeper_params: Mapping[str, Any] 
 
 def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
     """Hydra's parse of each override; text that is not an override (a push's placeholder) is skipped."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     parsed = []

@@ -37,8 +37,8 @@ INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _NO_IDS: frozenset[int] = frozenset()
 _INT_TYPE = {int}
 
-# What `PlanRules.check` returns for a valid plan: (loads, gpu, routed, scratch); see there.
-CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, set[int] | frozenset[int]]
+# What `PlanRules.check` returns for a valid plan: (loads, gpu, routed, missed, scratch); see there.
+CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, set[int] | frozenset[int]]
 
 
 class PlanError(AssertionError):
@@ -112,24 +112,26 @@ class PlanRules:
         set operations.
 
         Returns, for a valid plan: the load as numpy (a view), the experts computed on
-        the GPU and the routed experts (bool [E] masks; every routed expert not on the
-        GPU computes on the CPU) and plan.scratch as a set."""
+        the GPU, the routed experts and the routed experts not resident before the plan
+        (bool [E] masks; every routed expert not on the GPU computes on the CPU) and
+        plan.scratch as a set."""
         resident = residency[layer]
         E = self.n_experts
-        for name in ("gpu", "cpu"):
-            mask = getattr(plan, name)
+        gpu_t, cpu_t = plan.gpu, plan.cpu
+        for name, mask in (("gpu", gpu_t), ("cpu", cpu_t)):
             if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (E,)):
                 self._fail(layer, "shape", f"plan.{name} must be a bool tensor [{E}]")
         loads = load.numpy()
         routed = loads > 0
-        gpu, cpu = _flags(plan.gpu), _flags(plan.cpu)
-        sync = self._check_list(layer, "fetch_sync", plan.fetch_sync)
-        asyn = self._check_list(layer, "fetch_async", plan.fetch_async)
-        scratch = self._check_list(layer, "scratch", plan.scratch)
-        evict = self._check_list(layer, "evict", plan.evict)
+        gpu, cpu = _flags(gpu_t), _flags(cpu_t)
+        fetch_sync, fetch_async, scratch_ids, evict_ids = plan.fetch_sync, plan.fetch_async, plan.scratch, plan.evict
+        sync = self._check_list(layer, "fetch_sync", fetch_sync) if len(fetch_sync) else _NO_IDS
+        asyn = self._check_list(layer, "fetch_async", fetch_async) if len(fetch_async) else _NO_IDS
+        scratch = self._check_list(layer, "scratch", scratch_ids) if len(scratch_ids) else _NO_IDS
+        evict = self._check_list(layer, "evict", evict_ids) if len(evict_ids) else _NO_IDS
         # gpu and cpu split the routed experts exactly when, per expert, they are set as
-        # many times (0 or 1) as it is routed
-        if loads.shape[0] != E or not (gpu.view(np.uint8) + cpu.view(np.uint8) == routed).all():
+        # many times (0 or 1) as it is routed (bool bytes are 0 or 1: compare the bytes)
+        if loads.shape[0] != E or (gpu.view(np.uint8) + cpu.view(np.uint8)).tobytes() != routed.tobytes():
             self._check_routing(layer, set(_ids(routed)), set(_ids(gpu)), set(_ids(cpu)))
         if evict and not resident.issuperset(evict):
             self._fail(layer, "evict-not-resident", f"experts {sorted(evict - resident)[:5]}")
@@ -142,26 +144,28 @@ class PlanRules:
                 f"experts {sorted(((sync | asyn) & resident) | (sync & asyn))[:5]}"
                 " are already resident or fetched twice",
             )
-        if not scratch <= sync:
+        if scratch and not scratch <= sync:
             self._fail(
                 layer, "scratch-not-sync", f"scratch experts {sorted(scratch - sync)[:5]} not in fetch_sync"
             )
-        if scratch and not all(gpu[e] for e in scratch):
+        if scratch and not gpu[scratch_ids].all():
             self._fail(
                 layer, "scratch-not-gpu",
                 f"scratch experts {sorted(e for e in scratch if not gpu[e])[:5]} not computed on GPU",
             )
-        if evict and any(gpu[e] for e in evict):
+        if evict and gpu[evict_ids].any():
             self._fail(layer, "evicted-computed-on-gpu", f"experts {sorted(e for e in evict if gpu[e])[:5]}")
-        # GPU experts not resident now must each be fetched sync (they are this layer's GPU misses)
-        not_resident = gpu & ~held
-        if not_resident.any():
-            ids = set(_ids(not_resident))
-            if not ids <= sync:
+        # GPU experts not resident now must each be fetched sync (they are this layer's GPU
+        # misses); gpu is a subset of routed (checked above), so they are among the misses
+        missed = np.greater(routed, held)
+        if np.count_nonzero(missed):
+            not_resident = gpu & missed
+            n_not_resident = np.count_nonzero(not_resident)
+            # each is fetched sync when all of them are among fetch_sync (no repeats: checked)
+            if n_not_resident and (not sync or np.count_nonzero(not_resident[fetch_sync]) != n_not_resident):
+                ids = set(_ids(not_resident))
                 self._fail(
-                    layer,
-                    "gpu-not-resident",
-                    f"experts {sorted(ids - sync)[:5]} neither resident nor fetched sync",
+                    layer, "gpu-not-resident", f"experts {sorted(ids - sync)[:5]} neither resident nor fetched sync"
                 )
         # len(resident - evict) + len(sync - scratch) + len(asyn): evict is resident and
         # scratch is sync (both checked above), and no list repeats an expert
@@ -172,7 +176,7 @@ class PlanRules:
             self._check_prefetch(layer, plan, residency)
         if self.topology.multi:
             self._check_devices(layer, plan, set(_ids(cpu)))
-        return loads, gpu, routed, scratch
+        return loads, gpu, routed, missed, scratch
 
     def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
         """The three rules on where the routed experts compute; called once one is broken."""

@@ -16,13 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers and in tests
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
-
-from harness.report import row_keys, system_order
+from harness.records import one_per_cell, row_keys, system_order
 
 Record = dict[str, Any]
 
@@ -43,17 +37,27 @@ def _budget_order(budget: Any) -> tuple[float, str]:
     return (float(found.group(1)) if found else math.inf, str(budget))
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only: no display on servers and in
+    tests), imported when a plot is drawn: every run imports the report's modules through
+    the sweep callback, and only a sweep's end draws."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
 def throughput_by_budget(records: list[Record], path: Path) -> Path | None:
     import pandas as pd
-
-    from harness.report import one_per_cell
 
     df = pd.DataFrame(records)
     if df.empty or df["tokens_per_s"].isna().all():
@@ -62,7 +66,7 @@ def throughput_by_budget(records: list[Record], path: Path) -> Path | None:
     df = one_per_cell(df.assign(**{k: df[k].fillna("?") for k in keys}), keys)
     panel_keys = [k for k in keys if k != "budget"]
     panels = list(df.groupby(panel_keys, sort=True))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3.6 * len(panels)), squeeze=False)
+    fig, axes = pyplot().subplots(len(panels), 1, figsize=(8, 3.6 * len(panels)), squeeze=False)
     for ax, (panel, part) in zip(axes[:, 0], panels, strict=True):
         budgets = sorted(part["budget"].unique(), key=_budget_order)
         systems = system_order(list(part["system"].unique()))
@@ -99,7 +103,7 @@ def tau_sweeps(records: list[Record], out: Path) -> list[Path]:
         auto = [r for r in runs if not isinstance(r.get("tau"), int) and not math.isnan(r["tau_star"])]
         tau_star = max(auto, key=lambda r: r["order"])["tau_star"] if auto else None
         taus = sorted(by_tau)
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+        fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(7, 6), sharex=True)
         top.plot(taus, [by_tau[t]["tokens_per_s"] for t in taus], marker="o")
         top.set_ylabel("throughput (tokens/s)")
         bottom.plot(taus, [100 * by_tau[t]["miss_rate"] for t in taus], marker="o", color="tab:red")
@@ -129,8 +133,6 @@ def miss_per_step(records: list[Record], out: Path) -> list[Path]:
     """One figure per (model, gen, block, budget): a line per system that recorded a step series."""
     import pandas as pd
 
-    from harness.report import one_per_cell
-
     df = pd.DataFrame(records)
     if df.empty:
         return []
@@ -142,9 +144,11 @@ def miss_per_step(records: list[Record], out: Path) -> list[Path]:
         curves = {s: c for s, c in curves.items() if c}
         if not curves:
             continue
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = pyplot().subplots(figsize=(7, 4))
         for system in system_order(list(curves)):
             ax.plot(list(curves[system]), [100 * v for v in curves[system].values()], marker=".", label=system)
+        from matplotlib.ticker import MaxNLocator
+
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("denoising step within the block")
         ax.set_ylabel("miss rate (%, mean over blocks)")

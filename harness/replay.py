@@ -25,7 +25,7 @@ from harness.config import HarnessConfig
 from harness.errors import HarnessError
 from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometry
 from harness.result import RunIdentity, RunResult
-from harness.run import build_result, setup_run
+from harness.run_setup import build_result, setup_run
 from harness.trace import RoutingTrace
 from harness.workload import load_prompts, workload_record
 

@@ -17,29 +17,46 @@ over fixed-tau runs (those belong to tau sweeps, which get their own plot).
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
-from harness.errors import HarnessError
+from harness import plots
+from harness.errors import HarnessError, OneLineParser, check_output_dir
+from harness.mlflow_store import open_store
+from harness.records import (  # noqa: F401 - SWEEP_FILES, compact_line, record_from_result: re-exported
+    OPTIONAL_ROW_KEYS,
+    RECORD_METRICS,
+    ROW_KEYS,
+    SWEEP_FILES,
+    SYSTEM_ORDER,
+    _int,
+    _num,
+    _pct,
+    _yes_no,
+    compact_line,
+    one_per_cell,
+    record_from_result,
+    row_keys,
+    system_order,
+)
 from harness.result import RunIdentity, RunResult, Timing
+from harness.resume import RESUMED_FILE, resumed_result_path
+from harness.run_files import RESULT_FILE, find_files
+from harness.uris import check_tracking_uri
 
-ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
-OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
-SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide_adaptive", "oracle", "ep_linear", "gem"]
 BASELINES = ("fiddler", "mixtral_offload")
 TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "tau_star", "lossless"]
-RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
-                  "lossless", "token_match_rate", "experts_per_layer"]
 SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",
                  "decode_cache", "tau", "tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
                  "lossless", "token_match_rate", "wall_tokens_per_s", "timing"]
-SWEEP_FILES = ("sweep_summary.csv", "sweep_summary.md", "throughput.png")
 LABELS = {"tokens_per_s": "tok/s", "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
           "lossless": "lossless", "wall_tokens_per_s": "wall tok/s", "io_gb": "io GB",
           "cpu_expert_tokens": "cpu tokens", "token_match_rate": "match", "gen_length": "gen",
@@ -49,54 +66,8 @@ LABELS = {"tokens_per_s": "tok/s", "speedup": "speedup", "miss_rate": "miss", "t
 # --------------------------------------------------------------------------- records
 
 
-def _num(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) else math.nan
-
-
-def record_from_result(result: RunResult, source: str, status: str = "ok", order: float = 0.0
-                       ) -> dict[str, Any]:
-    """One flat row per result: what identifies the run, the headline metrics, the step series."""
-    ident = result.identity
-    decode, system = result.config.get("decode") or {}, result.config.get("system") or {}
-    metrics = result.flat_metrics()
-    tokens_per_s = metrics.get("tokens_per_s", metrics.get("wall_tokens_per_s"))
-    record = {
-        "source": source, "status": status, "order": order,
-        "system": ident.system or system.get("name"), "model": ident.model,
-        "gen_length": decode.get("gen_length"), "block_length": decode.get("block_length"),
-        "budget": result.budget_name,
-        "tau": _int(system.get("tau")), "migration": system.get("migration"),
-        "timing": result.timing.kind if "tokens_per_s" in metrics else "wall",
-        "decode_cache": ident.decode_cache or decode.get("cache"),
-        "hardware": ident.hardware, "weights": ident.weights,
-        "step_series": result.step_series,
-    }
-    record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
-    record["tokens_per_s"] = _num(tokens_per_s)
-    return record
-
-
-def compact_line(record: Mapping[str, Any], label: str = "") -> str:
-    """One line per finished job of a sweep."""
-    head = f"[{record['status']}] {label}: " if label else f"[{record['status']}] "
-    tau = f" tau*={record['tau_star']:g}" if not math.isnan(record["tau_star"]) else ""
-    return (f"{head}{record['system']} budget={record['budget']} model={record['model']} | "
-            f"{record['tokens_per_s']:.1f} tok/s ({record['timing']}) | miss {_pct(record['miss_rate'])} | "
-            f"io {record['io_gb']:.2f} GB{tau} | lossless={_yes_no(record['lossless'])}")
-
-
-def _pct(x: float) -> str:
-    return "-" if math.isnan(x) else f"{100 * x:.1f}%"
-
-
-def _yes_no(x: float) -> str:
-    return "-" if math.isnan(x) else ("yes" if x >= 1 else "no")
-
-
 def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
     """Every result.json (and resume pointer) under the roots, one record per distinct result."""
-    from harness.resume import RESUMED_FILE, resumed_result_path
-    from harness.tracking import RESULT_FILE, find_files
 
     seen: dict[str, dict[str, Any]] = {}
     for path in [*find_files(roots, RESULT_FILE), *find_files(roots, RESUMED_FILE)]:
@@ -113,9 +84,6 @@ def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
 
 def records_from_mlflow(uri: str, experiments: list[str] | None = None) -> list[dict[str, Any]]:
     """Job runs of an MLflow store, from their result.json artifact (params/metrics otherwise)."""
-    import os
-
-    from harness.tracking import open_store
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
     client = open_store(uri)
@@ -151,11 +119,6 @@ def _record_from_mlflow_run(client: Any, run: Any) -> dict[str, Any]:
         return record_from_result(result, f"mlflow:{run_id}", order=order)
 
 
-def _int(value: Any) -> Any:
-    """'4' -> 4 (config values such as system.tau are strings: 'auto', 'random', '4')."""
-    return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
-
-
 # --------------------------------------------------------------------------- sweep summary
 
 
@@ -165,8 +128,6 @@ def _job_number(name: str) -> tuple[int, str]:
 
 
 def _job_overrides(job_dir: Path) -> dict[str, str]:
-    import yaml
-
     try:
         items = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
     except (OSError, yaml.YAMLError):
@@ -183,7 +144,6 @@ def varying_overrides(overrides: list[dict[str, str]]) -> list[str]:
 
 def sweep_records(sweep_dir: Path) -> list[dict[str, Any]]:
     """One record per job directory of a sweep: ok, skipped (resume) or failed."""
-    from harness.resume import resumed_result_path
 
     records = []
     job_dirs = sorted({p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")},
@@ -208,17 +168,6 @@ def sweep_table(records: list[dict[str, Any]]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- paper table
 
 
-def row_keys(df: pd.DataFrame) -> list[str]:
-    """The fixed row keys, plus the optional ones that take more than one value here."""
-    return ROW_KEYS + [k for k in OPTIONAL_ROW_KEYS if k in df and df[k].nunique(dropna=False) > 1]
-
-
-def one_per_cell(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    fixed_tau = (df["system"] == "tide") & df["tau"].map(lambda t: isinstance(t, int))
-    ranked = df.assign(_preferred=~fixed_tau).sort_values(["_preferred", "order"], kind="stable")
-    return ranked.drop_duplicates([*keys, "system"], keep="last").drop(columns="_preferred")
-
-
 def with_speedups(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """speedup = tokens/s over the best baseline of the same row (NaN where the row has none)."""
     best = df[df["system"].isin(BASELINES)].groupby(keys)["tokens_per_s"].max().rename("best_baseline")
@@ -230,10 +179,6 @@ def _order_key(index: pd.Index) -> pd.Index:
     if index.name == "budget":  # 10GB < 18GB < 30GB < custom
         return index.map(lambda b: (float(m.group(1)) if (m := re.match(r"([\d.]+)", str(b))) else math.inf, str(b)))
     return index
-
-
-def system_order(systems: list[str]) -> list[str]:
-    return [s for s in SYSTEM_ORDER if s in systems] + sorted(s for s in systems if s not in SYSTEM_ORDER)
 
 
 def paper_table(records: list[dict[str, Any]]) -> pd.DataFrame:
@@ -293,8 +238,6 @@ def sweep_markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
-    from harness import plots
-
     out.mkdir(parents=True, exist_ok=True)
     wide = paper_table(records)
     text = paper_markdown(wide)
@@ -316,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_report(argv: list[str]) -> int:
-    from harness.errors import OneLineParser, check_output_dir
-
     parser = OneLineParser(prog="python -m harness.report", description="paper-style table and plots")
     parser.add_argument("--from-mlflow", metavar="URI", help="read the runs of this tracking store")
     parser.add_argument("--experiment", action="append", help="only these MLflow experiments (repeatable)")
@@ -349,7 +290,6 @@ def run_report(argv: list[str]) -> int:
 
 def check_report_uri(uri: str) -> None:
     """A well-formed URI, and for SQLite a file that exists (MLflow would create an empty store)."""
-    from harness.uris import check_tracking_uri
 
     check_tracking_uri(uri, "--from-mlflow")
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():

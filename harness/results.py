@@ -3,6 +3,7 @@ reader (or a crash) never sees half a file and an older complete file is never l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -49,7 +50,6 @@ def _jsonable(obj: Any) -> Any:
 
 def fingerprint(obj: Any, length: int = 16) -> str:
     """Stable short hash of a JSON-able object (cache keys, config hashes)."""
-    import hashlib
 
     text = json.dumps(obj, sort_keys=True, default=_jsonable)
     return hashlib.sha256(text.encode()).hexdigest()[:length]

@@ -21,7 +21,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from harness.artifacts import code_version
 from harness.errors import HarnessError
+from harness.hybrid.backend import resolve_backend
+from harness.records import compact_line, record_from_result
 from harness.result import RunResult
 from harness.results import fingerprint, read_json, write_json_atomic
 
@@ -43,8 +49,6 @@ def config_hash(config: Mapping[str, Any], backend: str | None = None) -> str:
 
 
 def _local_backend() -> str:
-    from harness.hybrid.backend import resolve_backend
-
     return resolve_backend("auto")
 
 
@@ -75,8 +79,6 @@ def prior_result(config: Mapping[str, Any], cache_dir: str | Path, run_dir: str 
 
 
 def _reusable(path: Path, digest: str) -> bool:
-    from harness.artifacts import code_version
-
     try:
         prior = RunResult.from_json(path)
         same_code = prior.versions.get("code") == code_version()
@@ -105,7 +107,6 @@ def skip_if_done(cfg: HarnessConfig, run_dir: str | Path) -> bool:
     if prior is None:
         return False
     note_resumed(run_dir, prior, config_hash(config))
-    from harness.report import compact_line, record_from_result
 
     record = record_from_result(RunResult.from_json(prior), str(prior), status="skipped")
     print(f"{compact_line(record, job_label(run_dir))} | reuses {prior}", flush=True)
@@ -114,8 +115,6 @@ def skip_if_done(cfg: HarnessConfig, run_dir: str | Path) -> bool:
 
 def job_label(run_dir: str | Path) -> str:
     """'#3' for the fourth job of a sweep, else the run dir's name."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return f"#{HydraConfig.get().job.num}"

@@ -41,6 +41,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from harness.config_parts import TrackingConfig
 from harness.mlflow_store import (
     add_marker,
     default_artifact_root,
@@ -61,10 +62,9 @@ from harness.mlflow_ui import (
 )
 from harness.result import param_value
 from harness.results import read_json
-from harness.tracking import (
+from harness.run_files import (
     PARENT_MARKER,
     RESULT_FILE,
-    TrackingConfig,
     experiment_name,
     git_commit,
     parent_run_id,

@@ -17,21 +17,18 @@ MLflow is imported lazily: a run with `tracking.enabled=false` never pays for it
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import subprocess
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from omegaconf import MISSING
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
+from harness.cluster import job_leaves_logging_to_launcher
+from harness.config_parts import DEFAULT_URI, TrackingConfig
 from harness.errors import HarnessError
 from harness.mlflow_store import (
-    DEFAULT_TIMEOUT_S,
     TrackingUnavailable,
     add_marker,
     default_artifact_root,
@@ -46,47 +43,32 @@ from harness.mlflow_store import (
     warn_failure,
 )
 from harness.mlflow_ui import NOTE_TAG, child_description, dataset_input, parent_description
+from harness.records import SWEEP_FILES
 from harness.result import PARAM_MAX_CHARS, RunResult  # noqa: F401 - PARAM_MAX_CHARS re-exported
+from harness.resume import config_hash, index_result
+from harness.run_files import (  # noqa: F401 - re-exported: where runs live is part of the tracking API
+    ARTIFACT_TREES,
+    PARENT_MARKER,
+    REPO_ROOT,
+    RESULT_FILE,
+    RUN_MARKER,
+    experiment_name,
+    find_files,
+    git_commit,
+    parent_run_id,
+    result_dirs,
+    source_is_trace_file,
+    sweep_dir_of,
+    workload_of,
+)
+from harness.sweep_run import finish_parent_run, recorded_sweep, start_parent_run, workloads_in
 from harness.uris import check_tracking_uri
-from harness.workload import workload_record
 
 if TYPE_CHECKING:
     from harness.config import HarnessConfig
 
-RUN_MARKER = "mlflow.json"
-PARENT_MARKER = "mlflow_parent.json"
-RESULT_FILE = "result.json"
-DEFAULT_URI = "sqlite:///outputs/mlflow.db"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class TrackingConfig:
-    """Schema of the `tracking` config node."""
-
-    enabled: bool = True
-    uri: str = DEFAULT_URI  # sqlite:///path.db, http://host:5000, postgresql://..., ...
-    experiment: str | None = None  # null: one experiment per model ("llada2-mini")
-    artifact_root: str | None = None  # null: <store dir>/mlartifacts for sqlite, the server's default otherwise
-    timeout_s: float = DEFAULT_TIMEOUT_S  # the longest a request to a tracking server may take (no retries)
-
-    def __post_init__(self) -> None:
-        """The URI's form and the timeout, before the run (a bad scheme used to be reported after it)."""
-        if self.enabled and self.uri != MISSING:
-            check_tracking_uri(str(self.uri), "tracking.uri")
-        if not (math.isfinite(self.timeout_s) and 0 < self.timeout_s <= 600):
-            raise HarnessError(f"tracking.timeout_s={self.timeout_s} must be a number of seconds in (0, 600]")
-
 
 # --------------------------------------------------------------------------- settings
-
-
-def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> str:
-    """The configured experiment, else one per model; a sweep over models shares one."""
-    if tracking.experiment:
-        return tracking.experiment
-    models = sorted(set(models))
-    return f"llada2-{models[0]}" if len(models) == 1 else "llada2-sweeps"
 
 
 def is_logged(run_dir: str | Path, uri: str) -> bool:
@@ -100,34 +82,6 @@ def is_logged(run_dir: str | Path, uri: str) -> bool:
 
 
 # --------------------------------------------------------------------------- what gets logged
-
-
-@lru_cache(maxsize=1)
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def workload_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The result's workload record; for a result.json written before runs recorded one, the
-    record of a built-in prompt list in its config (a prompts file may have changed since)."""
-    if result.get("workload"):
-        return dict(result["workload"])
-    config = result.get("config") or {}
-    workload = config.get("workload") or {}
-    prompts = [str(p) for p in workload.get("prompts") or []]
-    if workload.get("path") or not prompts or source_is_trace_file(config):
-        return None
-    return workload_record(workload, prompts[: config.get("limit_prompts") or None])
-
-
-def source_is_trace_file(config: Mapping[str, Any]) -> bool:
-    """A replay of an explicit trace decoded the trace's prompts, not the configured ones."""
-    return config.get("source") == "trace" and bool((config.get("trace") or {}).get("path"))
 
 
 def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
@@ -184,7 +138,6 @@ def log_run(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
     """Log a finished run; returns the MLflow run id, or None when disabled or on failure (warned)."""
     if not tracking.enabled:
         return None
-    from harness.resume import config_hash
 
     try:
         digest = config_hash(result.config, result.identity.backend)
@@ -196,7 +149,6 @@ def log_run(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
 
 def record_finished_run(result: RunResult, run_dir: str | Path, cfg: HarnessConfig) -> str | None:
     """After result.json: index it for resume, then log it (as a child inside a sweep)."""
-    from harness.resume import index_result
 
     try:
         index_result(result.config, run_dir, cfg.cache_dir, result.identity.backend)
@@ -204,7 +156,6 @@ def record_finished_run(result: RunResult, run_dir: str | Path, cfg: HarnessConf
         print(f"warning: resume index not written ({exc}); resume=true will rerun this job", file=sys.stderr)
     if not cfg.tracking.enabled:
         return None
-    from harness.cluster import job_leaves_logging_to_launcher
 
     if job_leaves_logging_to_launcher(cfg.tracking.uri):  # no SQLite writes from compute nodes
         print("MLflow: this SLURM job's result is logged by the launching process at the end of the sweep")
@@ -226,15 +177,8 @@ def log_if_missing(result_path: Path | None, cfg: HarnessConfig) -> str | None:
     return log_run(result, result_path.parent, tracking, job_parent_run_id(tracking))
 
 
-def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:
-    marker = find_marker(Path(sweep_dir) / PARENT_MARKER, uri)
-    return marker["run_id"] if marker else None
-
-
 def job_parent_run_id(tracking: TrackingConfig) -> str | None:
     """The parent run of the sweep this job belongs to (None for a single run)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
@@ -244,41 +188,11 @@ def job_parent_run_id(tracking: TrackingConfig) -> str | None:
 # --------------------------------------------------------------------------- push
 
 
-ARTIFACT_TREES = {"mlartifacts", "mlruns"}  # MLflow's copies of result.json are not runs
-
-
-def find_files(roots: list[Path], name: str) -> list[Path]:
-    """Files called `name` under the roots (or the roots themselves), outside artifact stores."""
-    found = []
-    for root in roots:
-        paths = [root] if root.is_file() else [root / name] if (root / name).is_file() else root.rglob(name)
-        found += [p.resolve() for p in paths if p.name == name and not ARTIFACT_TREES & set(p.resolve().parts)]
-    return found
-
-
-def result_dirs(roots: list[Path]) -> list[Path]:
-    """Run directories (holding a result.json) under the roots, oldest first."""
-    found = {p.parent for p in find_files(roots, RESULT_FILE)}
-    return sorted(found, key=lambda d: ((d / RESULT_FILE).stat().st_mtime, str(d)))
-
-
-def sweep_dir_of(run_dir: Path) -> Path | None:
-    """The Hydra sweep directory a job directory belongs to (it holds multirun.yaml)."""
-    for parent in run_dir.parents:
-        if (parent / "multirun.yaml").is_file():
-            return parent
-        if parent == parent.parent:
-            break
-    return None
-
-
 def push_parent(tracking: TrackingConfig, sweep_dir: Path) -> str:
     """The sweep's parent run in this store, created (with its summary) if it never got there."""
     existing = parent_run_id(sweep_dir, tracking.uri)
     if existing:
         return existing
-    from harness.report import SWEEP_FILES
-    from harness.sweep_run import finish_parent_run, recorded_sweep, start_parent_run, workloads_in
 
     models = {str(RunResult.from_json(d / RESULT_FILE).identity.model) for d in result_dirs([sweep_dir])}
     name, command = recorded_sweep(sweep_dir)
@@ -294,7 +208,6 @@ def push_parent(tracking: TrackingConfig, sweep_dir: Path) -> str:
 
 def push(roots: list[Path], tracking: TrackingConfig) -> tuple[int, int, int]:
     """Log every result under roots that this store lacks: (logged, already there, failed)."""
-    from harness.resume import config_hash
 
     logged = present = failed = 0
     for run_dir in result_dirs(roots):
@@ -326,8 +239,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="tracking URI")
     p.add_argument("--experiment", default=None, help="experiment name (default: llada2-<model>)")
     args = parser.parse_args(argv)
-    from harness.errors import HarnessError
-    from harness.uris import check_tracking_uri
 
     try:
         check_tracking_uri(args.uri, "--uri")

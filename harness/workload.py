@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
-    from harness.config import WorkloadConfig
+    from harness.config_parts import WorkloadConfig
 
 MAX_PROMPTS_FILE_BYTES = 64 * 2**20  # a prompts file, not a corpus: larger ones are a wrong path
 

@@ -32,6 +32,28 @@ def resident_mask(resident: frozenset[int], n_experts: int) -> torch.Tensor:
     return mask
 
 
+class HeldMasks:
+    """Per layer, the bool [E] numpy mask of the `resident` frozenset a plan received.
+
+    The engine hands `plan` the same frozenset object until a plan moves that layer's
+    residency, so the mask is rebuilt only then (a plan would otherwise spend a list and a
+    fancy index on it every layer of every forward). The masks are read-only: a plan that
+    needs to change one copies it."""
+
+    def __init__(self) -> None:
+        self._sets: dict[int, frozenset[int]] = {}
+        self._masks: dict[int, np.ndarray] = {}
+
+    def __call__(self, layer: int, resident: frozenset[int], n_experts: int) -> np.ndarray:
+        mask = self._masks.get(layer)
+        if mask is None or self._sets[layer] is not resident or mask.shape[0] != n_experts:
+            mask = np.zeros(n_experts, bool)
+            mask[list(resident)] = True
+            mask.flags.writeable = False
+            self._sets[layer], self._masks[layer] = resident, mask
+        return mask
+
+
 @dataclass
 class LayerPlan:
     """Where each routed expert of one layer is computed, and which weights move.
@@ -116,12 +138,6 @@ class System:
     def plan(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None,
              resident: frozenset[int]) -> LayerPlan:
         raise NotImplementedError
-
-    def batch_planner(self, resident: list[set[int]], n_experts: int) -> BatchPlanner | None:
-        """A planner that plans whole chunks of forwards at once, deciding what `plan`
-        would, layer for layer (tests hold the two together); None: plan layer by layer.
-        `resident`: the residency per layer now."""
-        return None
 
     def report(self) -> dict[str, object]:
         """System-specific figures for result.json (tau*, d, Lat(tau) curve, ...)."""

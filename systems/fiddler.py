@@ -19,11 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.bitsets import as_mask
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
-from harness.tau_solver import top_b_mask
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
+from systems.tide_tau import top_b_mask
 
 
 @dataclass
@@ -40,6 +39,7 @@ class Fiddler(System):
         super().__init__()
         self.popularity: torch.Tensor | None = None
         self._rule = np.zeros(0, bool)  # cheaper_on_cpu per load
+        self.held_masks = HeldMasks()
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -75,9 +75,8 @@ class Fiddler(System):
     ) -> LayerPlan:
         loads = load.numpy()
         routed = loads > 0
-        held = np.zeros(routed.shape[0], bool)
-        held[list(resident)] = True
-        miss = routed & ~held
+        held = self.held_masks(layer, resident, routed.shape[0])
+        miss = np.greater(routed, held)
         to_scratch = miss & ~self.cheaper_on_cpu(loads)
         scratch = np.flatnonzero(to_scratch).tolist()
         return LayerPlan(
@@ -87,13 +86,10 @@ class Fiddler(System):
             scratch=scratch,
         )
 
-    def batch_planner(self, resident: list[set[int]], n_experts: int) -> FiddlerBatchPlanner | None:
-        return FiddlerBatchPlanner(self, as_mask(resident, n_experts)) if type(self) is Fiddler else None
-
 
 class FiddlerBatchPlanner:
-    """`Fiddler.plan` for chunks of forwards: placement is static, a miss goes to the CPU
-    or to a scratch copy by its load alone."""
+    """`Fiddler.plan` for chunks of forwards (fiddler's batch planner in systems/registry.py):
+    placement is static, a miss goes to the CPU or to a scratch copy by its load alone."""
 
     def __init__(self, system: Fiddler, resident: np.ndarray) -> None:
         self.system, self.resident = system, resident

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from systems.base import LayerPlan, PrepareContext, System
@@ -24,6 +23,7 @@ class GpuOnly(System):
 
     def __init__(self) -> None:
         super().__init__()
+        self._nothing = torch.zeros(0, dtype=torch.bool)  # plan.cpu: no expert runs on the CPU
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -41,7 +41,9 @@ class GpuOnly(System):
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
         routed = load.numpy() > 0
-        return LayerPlan(gpu=torch.from_numpy(routed), cpu=torch.from_numpy(np.zeros_like(routed)))
+        if self._nothing.shape[0] != routed.shape[0]:
+            self._nothing = torch.zeros(routed.shape[0], dtype=torch.bool)
+        return LayerPlan(gpu=torch.from_numpy(routed), cpu=self._nothing)
 
     def report(self) -> dict[str, object]:
         # B >= E means the budget holds every expert of every layer (B is capped at E).

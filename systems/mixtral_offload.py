@@ -72,8 +72,8 @@ class MixtralOffload(System):
         cached, scratch = misses[:room], misses[room:]
         n_evict = max(0, len(lru) + len(cached) - self.capacity)
         used = set(routed)
-        evict = [e for e in lru if e not in used][:n_evict]
-        kept = [e for e in lru if e not in used and e not in evict]
+        unused = [e for e in lru if e not in used]  # least recent first: the eviction order
+        evict, kept = unused[:n_evict], unused[n_evict:]
         self.lru[layer] = kept + sorted(hits + cached)
         plan = LayerPlan(
             gpu=torch.from_numpy(routed_mask),

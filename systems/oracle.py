@@ -157,8 +157,10 @@ class Oracle(System):
         self.planned_layers += 1
         self.inexact_layers += not exact
         on_gpu = set(chosen)
-        routed = np.flatnonzero(loads > 0).tolist()
-        held = self._held(on_gpu, routed, loads.tolist(), resident)
+        routed = np.flatnonzero(loads > 0)
+        # heaviest first, ties to the lower id (ids ascend and the sort is stable)
+        by_load = routed[np.argsort(-loads[routed], kind="stable")].tolist()
+        held = self._held(on_gpu, by_load, resident)
         fetch = sorted(held - resident)
         evict = sorted(resident - held)
         scratch = sorted(on_gpu - held)
@@ -169,12 +171,12 @@ class Oracle(System):
             scratch=scratch, evict=evict, free_moves=True,  # hindsight: the engine charges no residency move
         )
 
-    def _held(self, on_gpu: set[int], routed: list[int], loads: list[int], resident: frozenset[int]) -> set[int]:
+    def _held(self, on_gpu: set[int], by_load: list[int], resident: frozenset[int]) -> set[int]:
         """B experts to hold (moves are free, so which ones is immaterial to the charge):
         G's experts already resident (a resident expert cannot be a scratch copy), then
         G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so the
-        GPU holds this step's top-B when G is heaviest-first."""
-        by_load = sorted(routed, key=lambda e: (-loads[e], e))
+        GPU holds this step's top-B when G is heaviest-first. `by_load`: the routed experts,
+        heaviest first, ties to the lower id."""
         ranked = [e for e in by_load if e in on_gpu and e in resident]
         ranked += [e for e in by_load if e in on_gpu and e not in resident]
         ranked += [e for e in by_load if e not in on_gpu]

@@ -1,46 +1,91 @@
-"""Name -> system class and config dataclass; `make_system` builds one from options."""
+"""One entry per system (`REGISTRY`): its policy class, config dataclass, batch planner and
+capabilities; `make_system` builds a system from options."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+
+from harness.bitsets import as_mask
 from harness.errors import HarnessError
-from systems.base import System
+from systems.base import BatchPlanner, System
 from systems.dali import Dali, DaliConfig
 from systems.ep_linear import EpLinear, EpLinearConfig
-from systems.fiddler import Fiddler, FiddlerConfig
+from systems.fiddler import Fiddler, FiddlerBatchPlanner, FiddlerConfig
 from systems.gem import Gem, GemConfig
 from systems.gpu_only import GpuOnly, GpuOnlyConfig
 from systems.mixtral_offload import MixtralOffload, MixtralOffloadConfig
 from systems.oracle import Oracle, OracleConfig
-from systems.tide import Tide, TideConfig
+from systems.tide import Tide, TideBatchPlanner, TideConfig
 from systems.tide_adaptive import TideAdaptive, TideAdaptiveConfig
 
-SYSTEMS: dict[str, type[System]] = {
-    "gpu_only": GpuOnly,
-    "fiddler": Fiddler,
-    "mixtral_offload": MixtralOffload,
-    "tide": Tide,
-    "oracle": Oracle,
-    "dali": Dali,
-    "tide_adaptive": TideAdaptive,
-    "ep_linear": EpLinear,
-    "gem": Gem,
+
+@dataclass(frozen=True)
+class SystemEntry:
+    """One system: its policy (the `System` class), its config dataclass, its batch
+    planner (a class built from the system and its residency as a bool [L, E] mask, which
+    plans chunks of forwards as `plan` would; None: it plans layer by layer) and what it
+    needs: topology=multi (expert parallelism) and a calibration trace. The code that asks
+    these questions (config checks, runs, replays, the benchmark) reads them here."""
+
+    policy: type[System]
+    config: type
+    batch_planner: Callable[[Any, np.ndarray], BatchPlanner] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def multi_gpu(self) -> bool:
+        """Runs only with topology=multi and names each expert's GPU (plan.device)."""
+        return self.policy.multi_gpu
+
+    def needs_calibration(self, system: System) -> bool:
+        """Whether this system, as configured, learns from a calibration trace (tide: with
+        tau=auto only)."""
+        return system.needs_calibration
+
+    def plans_in_batch(self, system: System) -> bool:
+        """A batch planner exists and `system` is this entry's policy itself: a subclass
+        (a test's variant) may plan differently, so it plans layer by layer."""
+        return self.batch_planner is not None and type(system) is self.policy
+
+    def planner(self, system: System, resident: list[set[int]], n_experts: int) -> BatchPlanner:
+        if not self.plans_in_batch(system):
+            raise ValueError(f"system {system.name!r} does not plan in batch")
+        assert self.batch_planner is not None
+        return self.batch_planner(system, as_mask(resident, n_experts))
+
+
+REGISTRY: dict[str, SystemEntry] = {
+    entry.name: entry
+    for entry in (
+        SystemEntry(GpuOnly, GpuOnlyConfig),
+        SystemEntry(Fiddler, FiddlerConfig, FiddlerBatchPlanner),
+        SystemEntry(MixtralOffload, MixtralOffloadConfig),
+        SystemEntry(Tide, TideConfig, TideBatchPlanner),
+        SystemEntry(Oracle, OracleConfig),
+        SystemEntry(Dali, DaliConfig),
+        SystemEntry(TideAdaptive, TideAdaptiveConfig),
+        SystemEntry(EpLinear, EpLinearConfig),
+        SystemEntry(Gem, GemConfig),
+    )
 }
 
-SYSTEM_CONFIGS: dict[str, type] = {
-    "gpu_only": GpuOnlyConfig,
-    "fiddler": FiddlerConfig,
-    "mixtral_offload": MixtralOffloadConfig,
-    "tide": TideConfig,
-    "oracle": OracleConfig,
-    "dali": DaliConfig,
-    "tide_adaptive": TideAdaptiveConfig,
-    "ep_linear": EpLinearConfig,
-    "gem": GemConfig,
-}
+# name -> policy class and name -> config dataclass, as views of the registry
+SYSTEMS: dict[str, type[System]] = {name: entry.policy for name, entry in REGISTRY.items()}
+SYSTEM_CONFIGS: dict[str, type] = {name: entry.config for name, entry in REGISTRY.items()}
+
+
+def entry_of(system: System) -> SystemEntry:
+    """The registry entry of a system (by its name)."""
+    if system.name not in REGISTRY:
+        raise HarnessError(f"unknown system {system.name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[system.name]
 
 
 def system_config(name: str, options: Mapping[str, Any] | None = None) -> Any:

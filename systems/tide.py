@@ -13,7 +13,7 @@ migration: sync  promotions are copied before the layer computes (blocking) and 
 migration: async promotions are copied in the background while hits run on the GPU and
                  every other routed expert (misses, demoted experts) on the CPU (the
                  paper's Algorithm 1); they serve from the next forward on.
-tau: auto        tau* from harness/tau_solver.py over the calibration trace.
+tau: auto        tau* from systems/tide_tau.py over the calibration trace.
 tau: random      a tau drawn uniformly from 1..T at the start of every block (seeded by
                  `seed`): the ablation baseline that shows what choosing tau* is worth.
 """
@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.bitsets import as_mask, pack, popcount, unpack
+from harness.bitsets import pack, popcount, unpack
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
-from harness.tau_solver import TauSolution, solve_tau
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
+from systems.tide_tau import TauSolution, solve_tau
 
 MIGRATIONS = ("sync", "async")
 
@@ -79,17 +79,20 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: s
 
 
 def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
-    """`refresh_residency` of one layer, by the batch planner's rule (`refresh_bits`)."""
+    """`refresh_residency` of one layer, by the batch planner's rule (`refresh_bits`,
+    written out for one unpacked row: a live plan calls it every refreshing layer)."""
     target = top_b(loads, capacity)
-    after = refresh_bits(pack(now[None]), pack(target[None]), np.array([target.sum()]), capacity, len(now))
-    return unpack(after, len(now))[0]
-
-
-def held_mask(resident: frozenset[int], n_experts: int) -> np.ndarray:
-    """bool [E] numpy: the experts a layer holds."""
-    mask = np.zeros(n_experts, bool)
-    mask[list(resident)] = True
-    return mask
+    n_target = int(np.count_nonzero(target))
+    leaving = np.greater(now, target)  # resident, not in the target
+    n_demote = int(np.count_nonzero(leaving)) + n_target - capacity
+    if n_demote <= 0:
+        return now | target
+    if n_target >= capacity:
+        return target
+    # a short target holds every routed expert: demote the lowest ids among the rest
+    after = target.copy()
+    after[np.flatnonzero(leaving)[n_demote:]] = True
+    return after
 
 
 class Tide(System):
@@ -120,6 +123,7 @@ class Tide(System):
         self.refreshing = False
         self.refreshes = 0
         self.migrated = 0
+        self.held_masks = HeldMasks()
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -154,15 +158,12 @@ class Tide(System):
     ) -> LayerPlan:
         loads = load.numpy()
         routed = loads > 0
-        now = held_mask(resident, routed.shape[0])
+        now = self.held_masks(layer, resident, routed.shape[0])
         if not self.refreshing:
-            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(routed & ~now))
+            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(np.greater(routed, now)))
         plan = refresh_plan(now, loads, self.capacity, self.migration)
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan
-
-    def batch_planner(self, resident: list[set[int]], n_experts: int) -> TideBatchPlanner | None:
-        return TideBatchPlanner(self, as_mask(resident, n_experts)) if type(self) is Tide else None
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -232,8 +233,9 @@ def refresh_bits(resident: np.ndarray, target: np.ndarray, n_target: np.ndarray,
 
 
 class TideBatchPlanner:
-    """Residency carried forward by forward in packed rows; the system's own `on_step`
-    runs for every forward (refresh flags, tau draws, the refresh count)."""
+    """`Tide.plan` for chunks of forwards (tide's batch planner in systems/registry.py):
+    residency carried forward by forward in packed rows; the system's own `on_step` runs
+    for every forward (refresh flags, tau draws, the refresh count)."""
 
     def __init__(self, system: Tide, resident: np.ndarray) -> None:
         self.system, self.n_experts = system, resident.shape[-1]

@@ -22,10 +22,10 @@ from harness.cost import CostModel, HardwareConfig, expert_shape
 from harness.engine import OffloadEngine
 from harness.model import load_model, nominal_geometry
 from harness.run import run_job
-from harness.tau_solver import refresh_residency, top_b_mask
 from harness.trace import RoutingTrace
 from systems.registry import make_system
-from systems.tide import Tide, refresh_bits, top_b
+from systems.tide import Tide, refresh_bits, refreshed, top_b
+from systems.tide_tau import refresh_residency, top_b_mask
 
 register_configs()
 
@@ -197,6 +197,8 @@ def test_top_b_and_refresh_bits_agree_with_tau_solver():
         after = refresh_bits(pack(resident), packed_target, target.sum(-1), capacity, n_experts)
         expected = refresh_residency(torch.from_numpy(resident), torch.from_numpy(load), capacity).numpy()
         assert np.array_equal(unpack(after, n_experts), expected), trial
+        one_row = [refreshed(resident[r], load[r], capacity) for r in range(len(load))]  # the live plan's twin
+        assert np.array_equal(np.stack(one_row), expected), trial
         n_demote = (target & ~resident).sum(-1) - (capacity - resident.sum(-1))
         partial_rows += int(((n_demote > 0) & (target.sum(-1) < capacity)).sum())
     assert partial_rows > 20  # the partial-demotion path ran, not only the two shortcuts

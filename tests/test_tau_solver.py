@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from harness.cost import CostModel, HardwareConfig
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.tau_solver import estimate_drift, miss_fraction, refresh_residency, solve_tau, top_b_mask
 from harness.trace import RoutingTrace
 from systems.base import StepInfo
 from systems.registry import make_system
+from systems.tide_tau import estimate_drift, miss_fraction, refresh_residency, solve_tau, top_b_mask
 
 GEO = LLaDA2Config(num_hidden_layers=3, num_experts=64, n_group=1, topk_group=1, num_experts_per_tok=8)
 COST = CostModel(GEO, HardwareConfig())

@@ -12,7 +12,7 @@ from harness.model.llada2 import KVCache, LLaDA2Model
 from harness.model.proxy import ensure_proxy, proxy_config
 
 if TYPE_CHECKING:
-    from harness.config import ModelConfig
+    from harness.config_parts import ModelConfig
 
 __all__ = ["KVCache", "LLaDA2Config", "LLaDA2Model", "LoadedModel", "load_model", "nominal_geometry"]
 

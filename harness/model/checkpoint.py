@@ -15,6 +15,7 @@ import math
 import mmap
 import re
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,8 +239,6 @@ def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Mode
 
 
 def load_tokenizer(directory: str | Path):
-    import warnings
-
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
