@@ -29,6 +29,7 @@ from systems.base import LayerPlan, PrepareContext, StepInfo, System
 @dataclass
 class FiddlerConfig:
     name: str = "fiddler"
+    overlap: bool = False  # the original runs CPU and GPU experts one after the other
 
 
 class Fiddler(System):
