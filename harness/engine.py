@@ -116,7 +116,7 @@ class OffloadEngine:
         self.record_hints = trace is not None
         self._resident: list[set[int]] = []
         self._held = np.zeros((self.n_layers, self.n_experts), bool)  # the same, as masks
-        self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap)
+        self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap, system.max_loads_in_flight)
         self._step: StepInfo | None = None
         self._rows = 0  # layers recorded in the open forward
         self._landings: dict[int, dict[int, tuple[int, int]]] = {}  # layer -> expert -> (row, copies)

@@ -94,6 +94,7 @@ class System:
 
     name: str = "base"
     overlap: bool = False  # CPU experts run concurrently with GPU experts
+    max_loads_in_flight: int = 0  # > 0: misses load while resident experts compute (harness/pipeline.py)
     wants_hint: bool = False  # ask the engine for next-layer predicted loads
     needs_calibration: bool = False
     ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B
