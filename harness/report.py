@@ -5,10 +5,12 @@ results (result.json files under run or sweep directories, or the runs of an MLf
 store), and writes `report.md`, `report.csv` and the plots of `harness.plots`:
 
   rows     (model, gen_length, block_length, budget), plus decode_cache / hardware when
-           the result set mixes them
-  columns  one group per system: tokens/s, speedup over the best baseline in the row
-           (baselines: fiddler, mixtral_offload; gpu_only and oracle are references),
-           miss rate, tau* (systems that report one) and lossless
+           the result set mixes them; report.md labels them as the paper does,
+           gen_length-B-budget (B: experts per layer, e.g. 256-64-10GB)
+  columns  one group per system (a system charged against its original's overlap is its
+           own column: tide with system.overlap=false is tide-sequential): tokens/s,
+           speedup over the best baseline in the row (baselines: fiddler, mixtral_offload;
+           gpu_only and oracle are references), miss rate, tau* (systems that report one) and lossless
 
 One run per (row, system): the latest, except that a tide run with tau=auto is preferred
 over fixed-tau runs (those belong to tau sweeps, which get their own plot).
@@ -31,7 +33,8 @@ from harness.result import RunIdentity, RunResult, Timing
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
-SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide_adaptive", "oracle", "ep_linear", "gem"]
+SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide-sequential", "tide_adaptive", "oracle",
+                "ep_linear", "gem"]
 BASELINES = ("fiddler", "mixtral_offload")
 TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "tau_star", "lossless"]
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
@@ -53,6 +56,22 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
 
 
+def system_label(name: str | None, system_config: Mapping[str, Any]) -> str | None:
+    """The report's name for a system: its own, or `<name>-sequential` / `<name>-overlapped`
+    when it was charged against its original's overlap (systems/registry.py defaults)."""
+    overlap = system_config.get("overlap")
+    if isinstance(overlap, str):  # an MLflow param
+        overlap = {"true": True, "false": False}.get(overlap.strip().lower())
+    if name is None or not isinstance(overlap, bool):
+        return name
+    from systems.registry import SYSTEM_CONFIGS
+
+    default = getattr(SYSTEM_CONFIGS.get(name), "overlap", None)
+    if default is None or overlap == default:
+        return name
+    return f"{name}-overlapped" if overlap else f"{name}-sequential"
+
+
 def record_from_result(result: RunResult, source: str, status: str = "ok", order: float = 0.0
                        ) -> dict[str, Any]:
     """One flat row per result: what identifies the run, the headline metrics, the step series."""
@@ -62,7 +81,8 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
     tokens_per_s = metrics.get("tokens_per_s", metrics.get("wall_tokens_per_s"))
     record = {
         "source": source, "status": status, "order": order,
-        "system": ident.system or system.get("name"), "model": ident.model,
+        "system": system_label(ident.system or system.get("name"), system), "model": ident.model,
+        "experts": result.budget.get("experts_per_layer"),
         "gen_length": decode.get("gen_length"), "block_length": decode.get("block_length"),
         "budget": result.budget_name,
         "tau": _int(system.get("tau")), "migration": system.get("migration"),
@@ -145,7 +165,8 @@ def _record_from_mlflow_run(client: Any, run: Any) -> dict[str, Any]:
                                decode_cache=t.get("decode_cache"))
         config = {"decode": {"gen_length": _int(p.get("decode.gen_length")),
                              "block_length": _int(p.get("decode.block_length"))},
-                  "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration")}}
+                  "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration"),
+                             "overlap": p.get("system.overlap")}}
         result = RunResult(identity=identity, config=config, budget={"name": t.get("budget")},
                            metrics=dict(run.data.metrics), timing=Timing(t.get("timing")))
         return record_from_result(result, f"mlflow:{run_id}", order=order)
@@ -275,11 +296,29 @@ def markdown(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
 
 
-def paper_markdown(wide: pd.DataFrame) -> str:
+def experts_per_cell(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], Any]:
+    """(gen_length, budget) -> B, the experts per layer its runs held (the largest, if they differ)."""
+    out: dict[tuple[Any, Any], Any] = {}
+    for r in records:
+        b = r.get("experts")
+        if isinstance(b, int | float) and not (isinstance(b, float) and math.isnan(b)):
+            key = (r.get("gen_length"), r.get("budget"))
+            out[key] = max(int(b), out.get(key, 0))
+    return out
+
+
+def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, Any], Any] | None = None) -> str:
+    """The table; rows labelled gen_length-B-budget (the paper's cells) in a first column
+    that replaces the gen and budget columns."""
     keys = list(wide.index.names)
-    headers = [LABELS.get(k, k) for k in keys] + [f"{s} {LABELS[m]}" for s, m in wide.columns]
-    rows = [[str(v) for v in (idx if isinstance(idx, tuple) else (idx,))]
-            + [_cell(m, row[(s, m)]) for s, m in wide.columns] for idx, row in wide.iterrows()]
+    rest = [k for k in keys if k not in ("gen_length", "budget")]
+    headers = ["cell", *(LABELS.get(k, k) for k in rest)] + [f"{s} {LABELS[m]}" for s, m in wide.columns]
+    rows = []
+    for idx, row in wide.iterrows():
+        at = dict(zip(keys, idx if isinstance(idx, tuple) else (idx,), strict=True))
+        b = (experts or {}).get((at["gen_length"], at["budget"]), "?")
+        rows.append([f"{at['gen_length']}-{b}-{at['budget']}", *(str(at[k]) for k in rest)]
+                    + [_cell(m, row[(s, m)]) for s, m in wide.columns])
     return markdown(headers, rows)
 
 
@@ -297,7 +336,7 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
 
     out.mkdir(parents=True, exist_ok=True)
     wide = paper_table(records)
-    text = paper_markdown(wide)
+    text = paper_markdown(wide, experts_per_cell(records))
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
