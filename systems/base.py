@@ -75,6 +75,7 @@ class PrepareContext:
     calibration: RoutingTrace | None  # gpu_only routing of the calibration prompts
     decode_steps: int | None = None  # denoising steps per block of the run (T)
     topology: Topology = SINGLE  # the GPUs (relative speeds) an expert-parallel system maps onto
+    budget_scope: str = "per_layer"  # global: B x layers experts in total, any split (harness/budget.py)
 
 
 class BatchPlanner(Protocol):
