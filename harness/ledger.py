@@ -25,6 +25,10 @@ and the forward's clock runs through its layers in the order they were recorded:
     pipelined misses (a system with max_loads_in_flight > 0, Mixtral-Offload): instead of
     ready + gpu, the resident GPU experts start at once and each missed one starts when
     its copy landed, with a bounded number of copies in flight (harness/pipeline.py)
+    pageable host memory (hardware.host_memory=pageable): a copy is synchronous for the
+    host, so every copy, async and prefetch included, is charged as a sync copy of the
+    layer that issues it, nothing is pipelined, and CPU experts start after the copies
+    (ready, not t0)
     async copies queue on the link after the sync copies; they cost time only when
     something waits for them: a later layer's GPU experts or sync copies, or the end of
     the forward (clock += skipped layers' slices + lm_head; clock = max(clock, link free)).
@@ -103,7 +107,8 @@ class ForwardTimes:
 
 def forward_times(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s: np.ndarray, n_sync: np.ndarray,
                   n_async: np.ndarray, copy_one: float, overlap: bool, wait_row: np.ndarray | None = None,
-                  wait_copies: np.ndarray | None = None, pipeline: MissPipeline | None = None) -> ForwardTimes:
+                  wait_copies: np.ndarray | None = None, pipeline: MissPipeline | None = None,
+                  cpu_after_copies: bool = False) -> ForwardTimes:
     """The clock of n forwards of m recorded layers each (see the module docstring).
     parts: [n, 3] non-expert seconds (before the MoE layers, per MoE layer, head);
     pipeline: the misses' copies overlap the GPU experts (harness/pipeline.py)."""
@@ -138,7 +143,8 @@ def forward_times(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s
         start = np.maximum(t0, link_free)
         starts[:, j] = start
         link_free = np.where(n_async[:, j] > 0, start + n_async[:, j] * copy_one, link_free)
-        end = np.maximum(gpu_end, t0 + cpu_s[:, j]) if overlap else gpu_end + cpu_s[:, j]
+        cpu_start = ready if cpu_after_copies else t0
+        end = np.maximum(gpu_end, cpu_start + cpu_s[:, j]) if overlap else gpu_end + cpu_s[:, j]
         exposed[:, j] = end - gpu_end
         clock = end
     # MoE layers that recorded nothing still ran their attention, router and shared expert
@@ -299,9 +305,14 @@ class Ledger:
         split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts], np.float64).reshape(-1, 3)
         n_sync = out.copies_scratch + out.copies_sync
         copy_one = self.cost.copy_time(1)
-        pipeline = self._pipeline(out, n_sync) if self.pipeline_slots > 0 else None
-        times = forward_times(split, self.n_layers, gpu_s, cpu_s, n_sync, out.copies_async, copy_one, self.overlap,
-                              out.wait_row, out.wait_copies, pipeline)
+        if self.cost.pageable:  # every copy blocks the host: charged where it is issued, nothing in flight
+            blocking = n_sync + out.copies_async
+            times = forward_times(split, self.n_layers, gpu_s, cpu_s, blocking, np.zeros_like(blocking), copy_one,
+                                  self.overlap, cpu_after_copies=True)
+        else:
+            pipeline = self._pipeline(out, n_sync) if self.pipeline_slots > 0 else None
+            times = forward_times(split, self.n_layers, gpu_s, cpu_s, n_sync, out.copies_async, copy_one,
+                                  self.overlap, out.wait_row, out.wait_copies, pipeline)
         c.routed_pairs += int(routed.sum())
         c.missed_pairs += int(missed.sum())
         c.cpu_expert_tokens += int((loads * on_cpu).sum())

@@ -77,7 +77,7 @@ def test_the_engine_checks_the_total_under_a_global_budget() -> None:
 
 
 def test_the_scope_is_checked_and_recorded() -> None:
-    with pytest.raises(HarnessError, match="budget.scope"):
+    with pytest.raises(HarnessError, match=r"budget\.scope"):
         BudgetConfig(scope="per_gpu")
     assert "scope" not in resolve_budget(BudgetConfig(gpu_gb=40.0), GEO).as_dict()  # per_layer, as before
     assert resolve_budget(BudgetConfig(gpu_gb=40.0, scope="global"), GEO).as_dict()["scope"] == "global"
