@@ -10,7 +10,8 @@ store), and writes `report.md`, `report.csv` and the plots of `harness.plots`:
   columns  one group per system (a system charged against its original's overlap is its
            own column: tide with system.overlap=false is tide-sequential): tokens/s,
            speedup over the best baseline in the row (baselines: fiddler, mixtral_offload;
-           gpu_only and oracle are references), miss rate, tau* (systems that report one) and lossless
+           gpu_only and oracle are references), miss rate, host-to-GPU GB, tau* (systems that
+           report one) and lossless
 
 One run per (row, system): the latest, except that a tide run with tau=auto is preferred
 over fixed-tau runs (those belong to tau sweeps, which get their own plot).
@@ -36,7 +37,7 @@ OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
 SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide-sequential", "tide_adaptive", "oracle",
                 "ep_linear", "gem"]
 BASELINES = ("fiddler", "mixtral_offload")
-TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "tau_star", "lossless"]
+TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "lossless"]
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
                   "lossless", "token_match_rate", "experts_per_layer"]
 SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",

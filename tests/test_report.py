@@ -147,5 +147,6 @@ def test_tide_charged_sequentially_is_its_own_column(tmp_path: Path) -> None:
     assert wide[("tide-sequential", "tokens_per_s")].tolist() == [450.0]
     assert wide[("tide", "tokens_per_s")].tolist() == [600.0]
     assert wide[("tide", "speedup")].tolist() == [2.0]  # fiddler (its original charging) is the baseline
+    assert wide[("tide-sequential", "io_gb")].tolist() == [0.1]  # the table reports host-to-GPU traffic
     assert report.system_label("tide", {"overlap": "false"}) == "tide-sequential"  # an MLflow param
     assert report.system_label("tide", {}) == "tide"
