@@ -7,6 +7,11 @@ DESIGN section 8, with GB = 1e9 bytes and bf16 weights:
 capped at num_experts and at max_experts_per_layer when set. The reserve covers
 activations, the KV cache and the runtime. The paper's settings pin B instead
 (`experts_per_layer`); a run logs both the B it used and the B the formula derives.
+
+scope: per_layer (default, TIDE's setting): every MoE layer holds at most B experts.
+global: the GPU holds at most B x n_moe_layers experts in total, split across layers in
+any way (a layer may hold up to all of its experts); Fiddler ranks its static placement
+over every (layer, expert) pair then. The engine checks the total after every plan.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
 
 GB = 1e9
+SCOPES = ("per_layer", "global")
 BYTES_PER_PARAM = 2
 MAX_GPU_GB = 1e6  # a petabyte: above it the byte arithmetic stops being exact, and no GPU is near
 
@@ -32,9 +38,12 @@ class BudgetConfig:
     experts_per_layer: int | None = None  # pinned B (the paper's settings); None: derive
     reserve_gb: float = 0.5
     max_experts_per_layer: int | None = None
+    scope: str = "per_layer"  # per_layer | global (B x MoE layers in total, any split)
 
     def __post_init__(self) -> None:
         """The checks that need no model (resolve_budget checks B against its experts)."""
+        if self.scope not in SCOPES:
+            raise HarnessError(f"budget.scope={self.scope!r} is not allowed; use per_layer or global")
         # nan fails every comparison; inf and 1e308 overflow the byte arithmetic
         if not (math.isfinite(self.gpu_gb) and 0 < self.gpu_gb <= MAX_GPU_GB):
             raise HarnessError(f"budget.gpu_gb must be a finite number of GB in (0, {MAX_GPU_GB:g}] "
@@ -64,9 +73,15 @@ class Budget:
     non_expert_gb: float
     expert_mb: float
     used_gb: float  # non-expert + reserve + B experts in every MoE layer
+    scope: str = "per_layer"  # per_layer | global
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The run's budget record; `scope` only when global (per_layer is what every
+        result written before the option existed means)."""
+        out = asdict(self)
+        if self.scope == "per_layer":
+            del out["scope"]
+        return out
 
 
 def _check_experts(cfg: BudgetConfig, n_experts: int) -> None:
@@ -109,4 +124,5 @@ def resolve_budget(cfg: BudgetConfig, geometry: LLaDA2Config) -> Budget:
         non_expert_gb=non_expert / GB,
         expert_mb=expert / 1e6,
         used_gb=used_bytes / GB,
+        scope=cfg.scope,
     )

@@ -11,7 +11,9 @@ One routed expert with n tokens (P = 3 * hidden * moe_intermediate parameters):
     cpu(n)   = the measured table of `hardware=local` interpolated linearly (extrapolated
                with its last slope), else cpu_call_overhead + max(bytes / cpu_mem_bw,
                flops(n) / cpu_flops); made nondecreasing in n (more tokens never cost less)
-    copy(k)  = k * (bytes / pcie_bw + pcie_latency)   (k experts host -> GPU, one copy each)
+    copy(k)  = k * (bytes / pcie_bw + pcie_latency)   (k experts host -> GPU, one copy each;
+               host_memory=pageable: at pcie_pageable_gbps, see harness/ledger.py for
+               why such copies overlap nothing)
     gpu(0) = cpu(0) = 0: an expert with no tokens is not called.
 
 Non-expert work (attention with its projections and QK norms, the router, the shared
@@ -48,6 +50,7 @@ from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
 
 BYTES_PER_PARAM = 2  # bf16 weights everywhere in the model
+HOST_MEMORY = ("pinned", "pageable")
 # Kernel launches charged per component (eager PyTorch): qkv, QK-norm+rope, attention,
 # output projection; two RMSNorms; gate matmul + top-k; SwiGLU as one call; lm_head.
 ATTENTION_CALLS = 4
@@ -81,6 +84,11 @@ class HardwareConfig:
     cpu_table_tokens: list[int] = field(default_factory=list)
     cpu_table_seconds: list[float] = field(default_factory=list)
     measured: str = ""  # what was measured on this machine (for the run record)
+    # where host copies of the experts live: pinned (DMA at pcie_gbps, asynchronous) or
+    # pageable (staged by the driver through a pinned bounce buffer: pcie_pageable_gbps,
+    # synchronous for the host, so a copy overlaps neither compute nor other work)
+    host_memory: str = "pinned"
+    pcie_pageable_gbps: float | None = None  # measured pageable host->device GB/s (bandwidthTest --memory=pageable)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,6 +104,15 @@ class HardwareConfig:
                 raise HarnessError(
                     f"hardware.{key} must be a finite number >= 0 (got {getattr(self, key)}); fix conf/hardware"
                 )
+        if self.host_memory not in HOST_MEMORY:
+            raise HarnessError(f"hardware.host_memory={self.host_memory!r} is not allowed; use pinned or pageable")
+        if self.host_memory == "pageable" and not (
+            self.pcie_pageable_gbps is not None and 0 < float(self.pcie_pageable_gbps) < math.inf
+        ):
+            raise HarnessError(
+                f"hardware.host_memory=pageable needs hardware.pcie_pageable_gbps > 0 (got {self.pcie_pageable_gbps}): "
+                "the pageable host->device GB/s measured on the machine (CUDA bandwidthTest --memory=pageable)"
+            )
         if not all(0 < float(s) < math.inf for s in self.cpu_table_seconds):
             raise HarnessError("hardware.cpu_table_seconds must be finite positive seconds")
         if len(self.cpu_table_tokens) != len(self.cpu_table_seconds):
@@ -148,7 +165,9 @@ class CostModel:
         self._gpu_flops = hw.gpu_bf16_tflops * 1e12
         self._gpu_ov = hw.gpu_call_overhead_us * 1e-6
         self._table = self._cpu_table(hw, geometry)
-        self._copy_one = self.expert_bytes / (hw.pcie_gbps * 1e9) + hw.pcie_latency_us * 1e-6
+        self.pageable = hw.host_memory == "pageable"
+        link_gbps = float(hw.pcie_pageable_gbps) if self.pageable and hw.pcie_pageable_gbps else hw.pcie_gbps
+        self._copy_one = self.expert_bytes / (link_gbps * 1e9) + hw.pcie_latency_us * 1e-6
         self._time_tables: dict[str, np.ndarray] = {}
 
     @staticmethod

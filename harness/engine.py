@@ -96,6 +96,7 @@ class OffloadEngine:
         cost: CostModel,
         trace: RoutingTrace | None = None,
         topology: Topology | None = None,
+        budget_scope: str = "per_layer",
     ) -> None:
         self.system = system
         # topology=multi: expert parallelism, every expert resident on the GPU its plan.device
@@ -108,7 +109,13 @@ class OffloadEngine:
         self.experts_per_layer = experts_per_layer
         # gpu_only ignores the budget: it is the all-resident reference, not an offloader.
         self.capacity = self.n_experts if system.ignores_budget else experts_per_layer
-        self.rules = PlanRules(system.name, self.n_experts, self.n_layers, self.capacity, self.topology)
+        # budget.scope=global: B x layers experts in total, any split; a layer may hold all of its own
+        self.budget_scope = budget_scope
+        self.total_capacity = (experts_per_layer * self.n_layers
+                               if budget_scope == "global" and not system.ignores_budget else None)
+        layer_capacity = self.n_experts if self.total_capacity is not None else self.capacity
+        self.rules = PlanRules(system.name, self.n_experts, self.n_layers, layer_capacity, self.topology)
+        self._n_resident = 0  # experts resident over all layers (kept under a global budget)
         self.cost = cost
         self.trace = trace
         # a recorded trace carries next-layer hints so that replays of hint-using systems
@@ -119,7 +126,7 @@ class OffloadEngine:
         # after a plan moved that layer (most layers of most forwards move nothing)
         self._frozen: list[frozenset[int] | None] = []
         self._held = np.zeros((self.n_layers, self.n_experts), bool)  # the same, as masks
-        self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap)
+        self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap, system.max_loads_in_flight)
         self._step: StepInfo | None = None
         self._rows = 0  # layers recorded in the open forward
         self._landings: dict[int, dict[int, tuple[int, int]]] = {}  # layer -> expert -> (row, copies)
@@ -131,12 +138,15 @@ class OffloadEngine:
     # ---- lifecycle ---------------------------------------------------------------------
     def prepare(self, calibration: RoutingTrace | None, decode_steps: int | None = None) -> None:
         ctx = PrepareContext(
-            self.geometry, self.experts_per_layer, self.cost, calibration, decode_steps, topology=self.topology
+            self.geometry, self.experts_per_layer, self.cost, calibration, decode_steps, topology=self.topology,
+            budget_scope=self.budget_scope,
         )
         self.system.prepare(ctx)
         initial = self.system.initial_residency(self.n_layers, self.n_experts, self.capacity)
         self.rules.check_initial(initial)
         self.resident = [set(experts) for experts in initial]
+        self._n_resident = sum(len(experts) for experts in self.resident)
+        self._check_total(-1)
         self._prepared = True
 
     @property
@@ -228,12 +238,22 @@ class OffloadEngine:
         held = self._held[layer]
         loads, gpu, routed, missed, scratch = self.rules.check(layer, load, plan, self._resident, held)
         n_cached, async_targets = self._move(layer, plan, scratch)
+        if self.total_capacity is not None:
+            self._n_resident += n_cached + len(plan.fetch_async) + len(plan.prefetch)
+            self._n_resident -= len(plan.evict) + len(plan.prefetch_evict)
+            self._check_total(layer)
         if plan.free_moves:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
             missed = np.greater(routed, held)
         pending = PendingLayer(layer, plan, load, loads, gpu, missed, len(scratch), n_cached, async_targets, plan_s)
         self._pending = pending
         pending.engine_s = perf_counter() - start - plan_s
         return plan, pending
+
+    def _check_total(self, layer: int) -> None:
+        """Under a global budget, the experts resident over all layers stay within B x layers."""
+        if self.total_capacity is not None and self._n_resident > self.total_capacity:
+            raise PlanError(self.system.name, layer, "global-capacity",
+                            f"{self._n_resident} experts resident over all layers, budget {self.total_capacity}")
 
     def run_experts(
         self,
@@ -354,6 +374,7 @@ class OffloadEngine:
             "n_gpus": self.topology.n_gpus,
             "experts_per_layer": self.experts_per_layer,
             "capacity": self.capacity,
+            **({"total_capacity": self.total_capacity} if self.total_capacity is not None else {}),
             "forwards": len(step_series),
             "routed_pairs": c.routed_pairs,
             "missed_pairs": c.missed_pairs,

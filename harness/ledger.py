@@ -22,6 +22,13 @@ and the forward's clock runs through its layers in the order they were recorded:
     have landed: ready = max(t0, sync_done, landing of used prefetches)
     overlap (CPU runs concurrently):  end = max(ready + gpu, t0 + cpu)
     no overlap:                       end = ready + gpu + cpu
+    pipelined misses (a system with max_loads_in_flight > 0, Mixtral-Offload): instead of
+    ready + gpu, the resident GPU experts start at once and each missed one starts when
+    its copy landed, with a bounded number of copies in flight (harness/pipeline.py)
+    pageable host memory (hardware.host_memory=pageable): a copy is synchronous for the
+    host, so every copy, async and prefetch included, is charged as a sync copy of the
+    layer that issues it, nothing is pipelined, and CPU experts start after the copies
+    (ready, not t0)
     async copies queue on the link after the sync copies; they cost time only when
     something waits for them: a later layer's GPU experts or sync copies, or the end of
     the forward (clock += skipped layers' slices + lm_head; clock = max(clock, link free)).
@@ -46,6 +53,7 @@ import numpy as np
 from harness.cost import CostModel, NonExpertTime
 from harness.decoding import StepInfo
 from harness.ordered_sums import row_sums, running_sum
+from harness.pipeline import MissPipeline, miss_pipeline, pipelined_layer
 
 LIVE_CHUNK = 64  # forwards a live run buffers before charging them together
 
@@ -99,9 +107,11 @@ class ForwardTimes:
 
 def forward_times(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s: np.ndarray, n_sync: np.ndarray,
                   n_async: np.ndarray, copy_one: float, overlap: bool, wait_row: np.ndarray | None = None,
-                  wait_copies: np.ndarray | None = None) -> ForwardTimes:
+                  wait_copies: np.ndarray | None = None, pipeline: MissPipeline | None = None,
+                  cpu_after_copies: bool = False) -> ForwardTimes:
     """The clock of n forwards of m recorded layers each (see the module docstring).
-    parts: [n, 3] non-expert seconds (before the MoE layers, per MoE layer, head)."""
+    parts: [n, 3] non-expert seconds (before the MoE layers, per MoE layer, head);
+    pipeline: the misses' copies overlap the GPU experts (harness/pipeline.py)."""
     n, m = gpu_s.shape
     clock, per_layer, head = parts[:, 0].copy(), parts[:, 1], parts[:, 2]
     link_free = np.zeros(n)
@@ -112,18 +122,29 @@ def forward_times(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s
         clock = clock + per_layer
         t0 = clock
         has_sync = n_sync[:, j] > 0
-        link_free = np.where(has_sync, np.maximum(t0, link_free) + n_sync[:, j] * copy_one, link_free)
-        ready = np.where(has_sync, link_free, t0)
+        if pipeline is None:
+            link_free = np.where(has_sync, np.maximum(t0, link_free) + n_sync[:, j] * copy_one, link_free)
+            ready = np.where(has_sync, link_free, t0)
+        else:
+            ready = t0
         if waits[:, j].any():  # a prefetched expert must have landed before it computes
             assert wait_row is not None and wait_copies is not None
             landed = starts[rows, wait_row[:, j]] + wait_copies[:, j] * copy_one
             ready = np.where(waits[:, j], np.maximum(ready, landed), ready)
+        if pipeline is None:
+            gpu_end = ready + gpu_s[:, j]
+            copies[:, j] = ready - t0
+        else:
+            gpu_end, link_after = pipelined_layer(ready, np.maximum(t0, link_free), pipeline.hit_s[:, j],
+                                                  pipeline.miss_s[:, j], pipeline.n_miss[:, j], copy_one,
+                                                  pipeline.slots)
+            link_free = np.where(has_sync, link_after, link_free)
+            copies[:, j] = gpu_end - gpu_s[:, j] - t0  # the GPU's waits for copies
         start = np.maximum(t0, link_free)
         starts[:, j] = start
         link_free = np.where(n_async[:, j] > 0, start + n_async[:, j] * copy_one, link_free)
-        gpu_end = ready + gpu_s[:, j]
-        end = np.maximum(gpu_end, t0 + cpu_s[:, j]) if overlap else gpu_end + cpu_s[:, j]
-        copies[:, j] = ready - t0
+        cpu_start = ready if cpu_after_copies else t0
+        end = np.maximum(gpu_end, cpu_start + cpu_s[:, j]) if overlap else gpu_end + cpu_s[:, j]
         exposed[:, j] = end - gpu_end
         clock = end
     # MoE layers that recorded nothing still ran their attention, router and shared expert
@@ -157,8 +178,9 @@ class Ledger:
     """The accounts of one run: counters, step series, and the live forwards recorded but
     not charged yet (charged in batches of LIVE_CHUNK, and whenever they are read)."""
 
-    def __init__(self, cost: CostModel, n_layers: int, n_experts: int, overlap: bool) -> None:
+    def __init__(self, cost: CostModel, n_layers: int, n_experts: int, overlap: bool, pipeline_slots: int = 0) -> None:
         self.cost, self.n_layers, self.n_experts, self.overlap = cost, n_layers, n_experts, overlap
+        self.pipeline_slots = pipeline_slots  # > 0: misses load while GPU experts compute (harness/pipeline.py)
         self.counters = Counters()
         self._series: list[dict[str, Any]] = []
         self._notes: dict[int, dict[str, Any]] = {}  # forward index -> figures added to its step
@@ -283,8 +305,14 @@ class Ledger:
         split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts], np.float64).reshape(-1, 3)
         n_sync = out.copies_scratch + out.copies_sync
         copy_one = self.cost.copy_time(1)
-        times = forward_times(split, self.n_layers, gpu_s, cpu_s, n_sync, out.copies_async, copy_one, self.overlap,
-                              out.wait_row, out.wait_copies)
+        if self.cost.pageable:  # every copy blocks the host: charged where it is issued, nothing in flight
+            blocking = n_sync + out.copies_async
+            times = forward_times(split, self.n_layers, gpu_s, cpu_s, blocking, np.zeros_like(blocking), copy_one,
+                                  self.overlap, cpu_after_copies=True)
+        else:
+            pipeline = self._pipeline(out, n_sync) if self.pipeline_slots > 0 else None
+            times = forward_times(split, self.n_layers, gpu_s, cpu_s, n_sync, out.copies_async, copy_one,
+                                  self.overlap, out.wait_row, out.wait_copies, pipeline)
         c.routed_pairs += int(routed.sum())
         c.missed_pairs += int(missed.sum())
         c.cpu_expert_tokens += int((loads * on_cpu).sum())
@@ -301,6 +329,16 @@ class Ledger:
         c.busy_copies_s = running_sum(c.busy_copies_s, (n_sync + out.copies_async) * copy_one)
         if closed:
             self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
+
+    def _pipeline(self, out: LayerOutcomes, n_sync: np.ndarray) -> MissPipeline:
+        """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
+        loads = out.loads
+        hit_s = self.gpu_seconds(loads, out.on_gpu & ~out.missed)
+        table = self.cost.time_table("gpu", int(loads.max()) if loads.size else 0)
+        pipeline = miss_pipeline(loads, out.on_gpu, out.missed, table, hit_s, self.pipeline_slots)
+        if not np.array_equal(pipeline.n_miss, n_sync):
+            raise RuntimeError("a pipelined layer copies other experts than its missed GPU experts")
+        return pipeline
 
     def _append_steps(self, steps: list[StepInfo], routed: list[int], missed: list[int], totals: list[float]) -> None:
         for i, step in enumerate(steps):

@@ -13,12 +13,14 @@ from typing import Any
 import pandas as pd
 
 from harness.result import RunResult
+from systems.registry import SYSTEM_CONFIGS
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 
 OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
 
-SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide_adaptive", "oracle", "ep_linear", "gem"]
+SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide-sequential", "tide_adaptive", "oracle",
+                "ep_linear", "gem"]
 
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
                   "lossless", "token_match_rate", "experts_per_layer"]
@@ -30,6 +32,20 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
 
 
+def system_label(name: str | None, system_config: Mapping[str, Any]) -> str | None:
+    """The report's name for a system: its own, or `<name>-sequential` / `<name>-overlapped`
+    when it was charged against its original's overlap (systems/registry.py defaults)."""
+    overlap = system_config.get("overlap")
+    if isinstance(overlap, str):  # an MLflow param
+        overlap = {"true": True, "false": False}.get(overlap.strip().lower())
+    if name is None or not isinstance(overlap, bool):
+        return name
+    default = getattr(SYSTEM_CONFIGS.get(name), "overlap", None)
+    if default is None or overlap == default:
+        return name
+    return f"{name}-overlapped" if overlap else f"{name}-sequential"
+
+
 def record_from_result(result: RunResult, source: str, status: str = "ok", order: float = 0.0
                        ) -> dict[str, Any]:
     """One flat row per result: what identifies the run, the headline metrics, the step series."""
@@ -39,7 +55,8 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
     tokens_per_s = metrics.get("tokens_per_s", metrics.get("wall_tokens_per_s"))
     record = {
         "source": source, "status": status, "order": order,
-        "system": ident.system or system.get("name"), "model": ident.model,
+        "system": system_label(ident.system or system.get("name"), system), "model": ident.model,
+        "experts": result.budget.get("experts_per_layer"),
         "gen_length": decode.get("gen_length"), "block_length": decode.get("block_length"),
         "budget": result.budget_name,
         "tau": _int(system.get("tau")), "migration": system.get("migration"),

@@ -5,10 +5,13 @@ results (result.json files under run or sweep directories, or the runs of an MLf
 store), and writes `report.md`, `report.csv` and the plots of `harness.plots`:
 
   rows     (model, gen_length, block_length, budget), plus decode_cache / hardware when
-           the result set mixes them
-  columns  one group per system: tokens/s, speedup over the best baseline in the row
-           (baselines: fiddler, mixtral_offload; gpu_only and oracle are references),
-           miss rate, tau* (systems that report one) and lossless
+           the result set mixes them; report.md labels them as the paper does,
+           gen_length-B-budget (B: experts per layer, e.g. 256-64-10GB)
+  columns  one group per system (a system charged against its original's overlap is its
+           own column: tide with system.overlap=false is tide-sequential): tokens/s,
+           speedup over the best baseline in the row (baselines: fiddler, mixtral_offload;
+           gpu_only and oracle are references), miss rate, host-to-GPU GB, tau* (systems that
+           report one) and lossless
 
 One run per (row, system): the latest, except that a tide run with tau=auto is preferred
 over fixed-tau runs (those belong to tau sweeps, which get their own plot).
@@ -21,7 +24,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +56,7 @@ from harness.run_files import RESULT_FILE, find_files
 from harness.uris import check_tracking_uri
 
 BASELINES = ("fiddler", "mixtral_offload")
-TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "tau_star", "lossless"]
+TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "lossless"]
 SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",
                  "decode_cache", "tau", "tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
                  "lossless", "token_match_rate", "wall_tokens_per_s", "timing"]
@@ -113,7 +116,8 @@ def _record_from_mlflow_run(client: Any, run: Any) -> dict[str, Any]:
                                decode_cache=t.get("decode_cache"))
         config = {"decode": {"gen_length": _int(p.get("decode.gen_length")),
                              "block_length": _int(p.get("decode.block_length"))},
-                  "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration")}}
+                  "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration"),
+                             "overlap": p.get("system.overlap")}}
         result = RunResult(identity=identity, config=config, budget={"name": t.get("budget")},
                            metrics=dict(run.data.metrics), timing=Timing(t.get("timing")))
         return record_from_result(result, f"mlflow:{run_id}", order=order)
@@ -220,11 +224,29 @@ def markdown(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
 
 
-def paper_markdown(wide: pd.DataFrame) -> str:
+def experts_per_cell(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], Any]:
+    """(gen_length, budget) -> B, the experts per layer its runs held (the largest, if they differ)."""
+    out: dict[tuple[Any, Any], Any] = {}
+    for r in records:
+        b = r.get("experts")
+        if isinstance(b, int | float) and not (isinstance(b, float) and math.isnan(b)):
+            key = (r.get("gen_length"), r.get("budget"))
+            out[key] = max(int(b), out.get(key, 0))
+    return out
+
+
+def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, Any], Any] | None = None) -> str:
+    """The table; rows labelled gen_length-B-budget (the paper's cells) in a first column
+    that replaces the gen and budget columns."""
     keys = list(wide.index.names)
-    headers = [LABELS.get(k, k) for k in keys] + [f"{s} {LABELS[m]}" for s, m in wide.columns]
-    rows = [[str(v) for v in (idx if isinstance(idx, tuple) else (idx,))]
-            + [_cell(m, row[(s, m)]) for s, m in wide.columns] for idx, row in wide.iterrows()]
+    rest = [k for k in keys if k not in ("gen_length", "budget")]
+    headers = ["cell", *(LABELS.get(k, k) for k in rest)] + [f"{s} {LABELS[m]}" for s, m in wide.columns]
+    rows = []
+    for idx, row in wide.iterrows():
+        at = dict(zip(keys, idx if isinstance(idx, tuple) else (idx,), strict=True))
+        b = (experts or {}).get((at["gen_length"], at["budget"]), "?")
+        rows.append([f"{at['gen_length']}-{b}-{at['budget']}", *(str(at[k]) for k in rest)]
+                    + [_cell(m, row[(s, m)]) for s, m in wide.columns])
     return markdown(headers, rows)
 
 
@@ -240,7 +262,7 @@ def sweep_markdown(table: pd.DataFrame) -> str:
 def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     wide = paper_table(records)
-    text = paper_markdown(wide)
+    text = paper_markdown(wide, experts_per_cell(records))
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)

@@ -185,9 +185,11 @@ class RunResult:
         if "modeled_tokens_per_s" in m:  # a measured run also reports the model's prediction
             speed += f", modeled {m['modeled_tokens_per_s']:.1f}"
         speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({ident.source})"
+        overlap = (self.config.get("system") or {}).get("overlap")
+        charging = "" if overlap is None else f" overlap={str(bool(overlap)).lower()}"
         lines = [
             f"[{ident.system}] model={ident.model} ({ident.weights} weights) budget={b['name']} "
-            f"B={b['experts_per_layer']} cache={ident.decode_cache} hardware={ident.hardware}: "
+            f"B={b['experts_per_layer']} cache={ident.decode_cache} hardware={ident.hardware}{charging}: "
             f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | "
             f"{speed} | miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens "
             f"{m['cpu_expert_tokens']}{tau} | {lossless}"

@@ -39,7 +39,7 @@ class RunSetup:
 
     def engine(self, trace: RoutingTrace | None = None) -> OffloadEngine:
         return OffloadEngine(self.system, self.geometry, self.budget.experts_per_layer, self.cost, trace=trace,
-                             topology=self.topology)
+                             topology=self.topology, budget_scope=self.budget.scope)
 
 
 def setup_run(cfg: HarnessConfig, geometry: LLaDA2Config) -> RunSetup:

@@ -97,6 +97,7 @@ class PrepareContext:
     calibration: RoutingTrace | None  # gpu_only routing of the calibration prompts
     decode_steps: int | None = None  # denoising steps per block of the run (T)
     topology: Topology = SINGLE  # the GPUs (relative speeds) an expert-parallel system maps onto
+    budget_scope: str = "per_layer"  # global: B x layers experts in total, any split (harness/budget.py)
 
 
 class BatchPlanner(Protocol):
@@ -116,6 +117,7 @@ class System:
 
     name: str = "base"
     overlap: bool = False  # CPU experts run concurrently with GPU experts
+    max_loads_in_flight: int = 0  # > 0: misses load while resident experts compute (harness/pipeline.py)
     wants_hint: bool = False  # ask the engine for next-layer predicted loads
     needs_calibration: bool = False
     ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B

@@ -59,6 +59,7 @@ class DaliConfig:
     replacement: bool = True
     prefetch_k: int = 4
     decay: float = 0.5
+    overlap: bool = True  # DALI runs the CPU and GPU sides concurrently
 
 
 Array = np.ndarray | torch.Tensor

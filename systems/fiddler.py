@@ -4,7 +4,10 @@ Static placement from the popularity (token-expert pairs per (layer, expert)) of
 calibration trace. DESIGN ranks (layer, expert) pairs globally with B x L slots; under
 the engine's per-layer capacity B (DESIGN 4: the budget is B experts per layer, and the
 oracle bound is per layer) a global ranking fills exactly B slots in every layer, i.e. it
-is each layer's top-B by popularity (ties to the lower id).
+is each layer's top-B by popularity (ties to the lower id). Under `budget.scope=global`
+(B x L experts in total, any split) it is DESIGN's ranking itself: the B x L most popular
+(layer, expert) pairs over the whole model (ties to the lower layer, then the lower id),
+so popular layers hold more experts than others.
 
 Per miss with n tokens: compute on the CPU if cpu_time(n) <= copy_time + gpu_time(n),
 else copy the weights to a scratch buffer for this use only (never cached). Placement
@@ -28,6 +31,7 @@ from systems.tide_tau import top_b_mask
 @dataclass
 class FiddlerConfig:
     name: str = "fiddler"
+    overlap: bool = False  # the original runs CPU and GPU experts one after the other
 
 
 class Fiddler(System):
@@ -50,7 +54,11 @@ class Fiddler(System):
     def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
         assert self.popularity is not None, "prepare() first"
         # top-B by popularity; experts never routed in calibration fill the rest by id
-        ranked = top_b_mask(self.popularity * 2 + 1, capacity)
+        score = self.popularity * 2 + 1
+        if self.ctx.budget_scope == "global":  # the B x L most popular (layer, expert) pairs
+            ranked = top_b_mask(score.flatten(), capacity * n_layers).reshape(score.shape)
+        else:
+            ranked = top_b_mask(score, capacity)
         return [set(torch.nonzero(row).flatten().tolist()) for row in ranked]
 
     def prefers_cpu(self, n_tokens: int) -> bool:

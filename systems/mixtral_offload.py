@@ -1,5 +1,12 @@
 """Mixtral-Offload-style LRU expert cache (DESIGN section 7).
 
+Charging, as the original (`ExpertCache.load_experts` of dvmazur/mixtral-offloading):
+the experts a layer holds compute first while its misses load, at most
+`max_loads_in_flight` copies at a time (the original's buffer_size - 1; its demo uses
+buffer_size=4, so 3), each miss computing once its copy has landed (harness/pipeline.py
+has the timeline). `max_loads_in_flight=0` charges the simpler rule: every miss copied
+before any expert of the layer computes.
+
 Per layer an LRU cache of B experts, initially experts 0..B-1 (recency in id order,
 expert 0 least recent). Every routed expert is computed on the GPU. Misses are loaded
 synchronously in canonical (ascending id) order into the cache, evicting the least
@@ -32,18 +39,25 @@ class MixtralOffloadConfig:
     name: str = "mixtral_offload"
     prefetch: bool = False
     prefetch_k: int = 8
+    max_loads_in_flight: int = 3  # the original's buffer_size=4 - 1; 0: copy every miss before computing
 
 
 class MixtralOffload(System):
     name = "mixtral_offload"
     overlap = False
 
-    def __init__(self, prefetch: bool = False, prefetch_k: int = 8) -> None:
-        super().__init__(prefetch=prefetch, prefetch_k=prefetch_k)
+    def __init__(self, prefetch: bool = False, prefetch_k: int = 8, max_loads_in_flight: int = 3) -> None:
+        super().__init__(prefetch=prefetch, prefetch_k=prefetch_k, max_loads_in_flight=max_loads_in_flight)
         if not isinstance(prefetch, bool):
             raise HarnessError(f"system.prefetch must be true or false (got {prefetch!r})")
         if not isinstance(prefetch_k, int) or isinstance(prefetch_k, bool) or prefetch_k < 1:
             raise HarnessError(f"system.prefetch_k must be a positive integer (got {prefetch_k!r})")
+        if not isinstance(max_loads_in_flight, int) or isinstance(max_loads_in_flight, bool) or max_loads_in_flight < 0:
+            raise HarnessError(
+                f"system.max_loads_in_flight must be an integer >= 0 (got {max_loads_in_flight!r}); "
+                "0 copies every miss before the layer computes"
+            )
+        self.max_loads_in_flight = max_loads_in_flight
         self.prefetch = prefetch
         self.prefetch_k = prefetch_k
         self.wants_hint = prefetch
@@ -101,4 +115,5 @@ class MixtralOffload(System):
         return guesses, evict
 
     def report(self) -> dict[str, object]:
-        return {"prefetch": self.prefetch, "prefetched_experts": self.prefetched}
+        return {"prefetch": self.prefetch, "prefetched_experts": self.prefetched,
+                "max_loads_in_flight": self.max_loads_in_flight}

@@ -14,7 +14,10 @@ by at most B resident experts plus k sync copies, so k >= |G'| - B; the engine c
 layer at least combine(copy(k) + gpu(G'), cpu(rest)) (async copies and link backlog only
 add), and combine >= max. So every layer costs it >= Phi(G') >= min_G Phi(G), the
 oracle's charge; non-expert time is the same for all, and forwards are sums of layers.
-(gpu_only is outside: it holds all E experts, not B.)
+(gpu_only is outside: it holds all E experts, not B.) A system whose misses' copies
+overlap its own GPU experts (Mixtral-Offload's pipeline, harness/pipeline.py) is outside
+the argument when a layer routes more than B experts: the oracle still charges its
+scratch copies before the GPU experts, so such a layer may cost the pipeline less.
 
 min Phi is found exactly, not greedily. Routed experts split into *flat* ones, whose GPU
 time equals gpu(1) (memory-bound on the GPU), and *heavy* ones. Among flat ones the GPU

@@ -87,6 +87,11 @@ def entry_of(system: System) -> SystemEntry:
         raise HarnessError(f"unknown system {system.name!r}; known: {', '.join(REGISTRY)}")
     return REGISTRY[system.name]
 
+# Options of a system's config that set how it is charged, with the original system's
+# behaviour as each config's default. overlap: its CPU experts run concurrently with the
+# GPU path (max) or after it (sum); harness/ledger.py charges either.
+CHARGING_OPTIONS = ("overlap",)
+
 
 def system_config(name: str, options: Mapping[str, Any] | None = None) -> Any:
     """The config dataclass of system `name` from plain options (a `name` key, if present,
@@ -105,11 +110,20 @@ def system_config(name: str, options: Mapping[str, Any] | None = None) -> Any:
 
 
 def system_from_config(config: Any) -> System:
-    """The system a config dataclass of SYSTEM_CONFIGS describes (HarnessConfig.system)."""
+    """The system a config dataclass of SYSTEM_CONFIGS describes (HarnessConfig.system).
+    Charging options (CHARGING_OPTIONS) are set on the built system rather than passed to
+    its constructor: they change what the ledger charges, not what the system plans."""
     name = config.name
     if name not in SYSTEMS or not isinstance(config, SYSTEM_CONFIGS[name]):
         raise HarnessError(f"{type(config).__name__} is not the config of a known system; known: {', '.join(SYSTEMS)}")
-    return SYSTEMS[name](**{f.name: getattr(config, f.name) for f in fields(config) if f.name != "name"})
+    options = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "name"}
+    charging = {key: options.pop(key) for key in CHARGING_OPTIONS if key in options}
+    system = SYSTEMS[name](**options)
+    for key, value in charging.items():
+        if not isinstance(value, bool):
+            raise HarnessError(f"system.{key} must be true or false (got {value!r})")
+        setattr(system, key, value)
+    return system
 
 
 def make_system(name: str, options: Mapping[str, Any] | None = None) -> System:

@@ -43,6 +43,7 @@ class TideConfig:
     migration: str = "sync"
     steps_per_block: int | None = None  # T for the tau* search; None: from the trace
     seed: int = 0  # for tau: random
+    overlap: bool = True  # the paper's asynchronous CPU misses; false: the reference code's sequential loop
 
 
 def parse_tau(tau: object) -> int | str | None:
@@ -134,7 +135,9 @@ class Tide(System):
                 raise HarnessError("system.tau=random needs system.steps_per_block (or the run's decode.steps)")
             self.tau = self.rng.randint(1, self.max_tau)
         elif self.fixed_tau is None:
-            self.solution = solve_tau(ctx.calibration, ctx.experts_per_layer, ctx.cost, self.steps_per_block)
+            self.solution = solve_tau(
+                ctx.calibration, ctx.experts_per_layer, ctx.cost, self.steps_per_block, overlap=self.overlap
+            )
             self.tau = self.solution.tau_star
 
     def should_refresh(self, step: StepInfo) -> bool:
@@ -190,6 +193,7 @@ class Tide(System):
                 c_io_s=s.c_io_s,
                 c_cu_s=s.c_cu_s,
                 routed_pairs_per_step=s.routed_pairs_per_step,
+                tau_objective=s.objective,
             )
         return out
 

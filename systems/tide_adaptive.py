@@ -50,6 +50,7 @@ from systems.tide import MIGRATIONS, refresh_plan, top_b
 class TideAdaptiveConfig:
     name: str = "tide_adaptive"
     migration: str = "sync"
+    overlap: bool = True  # as tide
 
 
 @dataclass

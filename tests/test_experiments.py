@@ -70,3 +70,15 @@ def test_random_tau_needs_steps():
     with pytest.raises(HarnessError, match="steps_per_block"):
         t.prepare(type("Ctx", (), {"experts_per_layer": 4, "calibration": None, "cost": None,
                                    "decode_steps": None})())
+
+
+@pytest.mark.parametrize("name", ["table1", "table1_flash"])
+def test_table1_runs_tide_overlapped_and_sequential(name):
+    from omegaconf import OmegaConf
+
+    sweep = OmegaConf.load(REPO / "conf" / "experiment" / f"{name}.yaml").hydra.sweeper.params
+    assert {"tide", "tide_sequential"} <= set(sweep.system.split(","))
+    overlapped = compose_checked([f"+experiment={name}", "system=tide"]).system
+    sequential = compose_checked([f"+experiment={name}", "system=tide_sequential"]).system
+    assert (overlapped.name, overlapped.overlap) == ("tide", True)
+    assert (sequential.name, sequential.overlap) == ("tide", False)

@@ -17,15 +17,21 @@ from tests.harness_cli import empty_store, sqlite_uri
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+EXPERTS = {"10GB": 64, "18GB": 128, "30GB": 32}  # B per budget
+
+
 def result(system: str, budget: str, tps: float, miss: float, tau: object = None, tau_star: float | None = None,
-           lossless: int = 1) -> dict:
+           lossless: int = 1, overlap: bool | None = None) -> dict:
     metrics = {"tokens_per_s": tps, "miss_rate": miss, "io_gb": 0.1, "lossless": lossless}
     if tau_star is not None:
         metrics["tau_star"] = tau_star
     system_cfg = {"name": system, **({"tau": tau, "migration": "sync"} if system == "tide" else {})}
+    if overlap is not None:
+        system_cfg["overlap"] = overlap
     return {
         "schema": 1, "system": system, "model": "mini", "weights": "proxy", "timing": "modeled",
-        "hardware": "a100_pcie4", "decode_cache": "prefix", "budget": {"name": budget},
+        "hardware": "a100_pcie4", "decode_cache": "prefix",
+        "budget": {"name": budget, "experts_per_layer": EXPERTS[budget]},
         "config": {"model": {"name": "mini"}, "decode": {"gen_length": 32, "block_length": 32, "cache": "prefix"},
                    "system": system_cfg, "budget": {"name": budget}},
         "metrics": metrics,
@@ -96,7 +102,7 @@ def test_report_cli_writes_table_csv_and_plots(runs_dir: Path, tmp_path: Path, c
     out = tmp_path / "report"
     assert report.main(["--runs", str(runs_dir), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| mini | 32 | 32 | 10GB | 1000.0 | 3.33x |" in printed
+    assert "| 32-64-10GB | mini | 32 | 1000.0 | 3.33x |" in printed  # rows: gen-B-budget
     assert_expected_table(read_csv(out / "report.csv"))
     assert "(modeled)" in (out / "report.md").read_text().splitlines()[0]
     assert (out / "throughput.png").read_bytes()[:8] == PNG
@@ -129,3 +135,18 @@ def test_empty_result_set_is_a_one_line_error(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert err.startswith("error: no runs found") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_tide_charged_sequentially_is_its_own_column(tmp_path: Path) -> None:
+    runs = [("tide", 600.0, True), ("tide", 450.0, False), ("fiddler", 300.0, False), ("fiddler", 310.0, True)]
+    for i, (system, tps, overlap) in enumerate(runs):
+        write_json_atomic(tmp_path / f"{i}" / "result.json", result(system, "10GB", tps, 0.2, "auto", overlap=overlap))
+    wide = report.paper_table(report.records_from_dirs([tmp_path]))
+    systems = list(dict.fromkeys(s for s, _ in wide.columns))
+    assert systems == ["fiddler", "tide", "tide-sequential", "fiddler-overlapped"]
+    assert wide[("tide-sequential", "tokens_per_s")].tolist() == [450.0]
+    assert wide[("tide", "tokens_per_s")].tolist() == [600.0]
+    assert wide[("tide", "speedup")].tolist() == [2.0]  # fiddler (its original charging) is the baseline
+    assert wide[("tide-sequential", "io_gb")].tolist() == [0.1]  # the table reports host-to-GPU traffic
+    assert report.system_label("tide", {"overlap": "false"}) == "tide-sequential"  # an MLflow param
+    assert report.system_label("tide", {}) == "tide"

@@ -95,3 +95,9 @@ def test_to_mlflow_gives_params_metrics_series_and_tags(tmp_path: Path) -> None:
     assert record.tags["mlflow.runName"] == "tide-10GB-tiny" and record.tags["config_hash"] == "hash1"
     assert record.tags["git_commit"] == "commit1" and record.tags["machine"] == "box"
     assert record.tags["timing"] == "modeled" and record.tags["run_dir"] == str(tmp_path.resolve())
+
+
+def test_the_summary_line_names_the_charging() -> None:
+    result = live_result()
+    result.config["system"] = {**result.config.get("system", {}), "overlap": False}
+    assert " hardware=a100_pcie4 overlap=false: " in result.summary_lines(show_text=False)[0]

@@ -98,6 +98,9 @@ class HybridExecutor:
                 f"the model has {len(placement.host)} MoE layers of {len(placement.host[0].views)} experts, "
                 f"the engine plans {engine.n_layers} of {engine.n_experts}"
             )
+        if engine.total_capacity is not None:  # its slot pools are sized per layer
+            raise HarnessError("budget.scope=global runs with backend=cpu only (the CUDA slot pools hold B experts "
+                               "per layer); use budget.scope=per_layer on a GPU")
         self.engine, self.placement, self.runtime = engine, placement, placement.runtime
         self.overlap = engine.system.overlap
         self.runtime.reset_peak()  # the peak of this run: non-expert weights, pools, activations

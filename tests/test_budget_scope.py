@@ -1,0 +1,83 @@
+"""budget.scope: per_layer (B per layer) or global (B x layers in total, any split)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.budget import BudgetConfig, resolve_budget
+from harness.cost import CostModel, HardwareConfig
+from harness.decoding import StepInfo
+from harness.engine import OffloadEngine, PlanError
+from harness.errors import HarnessError
+from harness.model.config import LLaDA2Config
+from harness.trace import RoutingTrace
+from systems.base import LayerPlan, System
+from systems.registry import make_system
+
+GEO = LLaDA2Config(num_hidden_layers=3, num_experts=8, n_group=1, topk_group=1, num_experts_per_tok=2)
+COST = CostModel(GEO, HardwareConfig())
+B = 2  # per layer; 2 MoE layers -> 4 in total under a global budget
+
+
+def calibration(popularity: list[list[int]]) -> RoutingTrace:
+    trace = RoutingTrace(len(popularity), 8)
+    trace.add_step(StepInfo(0, 0, 0, 0, True))
+    for layer, row in enumerate(popularity):
+        trace.record(layer, torch.tensor(row))
+    return trace
+
+
+POPULAR = [[9, 8, 7, 6, 0, 0, 0, 0],  # layer 0 is the busy one
+           [0, 0, 0, 0, 0, 1, 0, 0]]
+
+
+def test_fiddler_ranks_per_layer_by_default_and_over_the_model_under_global() -> None:
+    per_layer = OffloadEngine(make_system("fiddler"), GEO, B, COST)
+    per_layer.prepare(calibration(POPULAR))
+    assert per_layer.resident == [{0, 1}, {0, 5}]  # layer 1: 5, then the lowest unrouted id
+    global_ = OffloadEngine(make_system("fiddler"), GEO, B, COST, budget_scope="global")
+    global_.prepare(calibration(POPULAR))
+    assert global_.resident == [{0, 1, 2, 3}, set()]  # the 4 most popular pairs are all in layer 0
+    assert global_.summary()["total_capacity"] == 4
+
+
+class Hoarder(System):
+    """Fetches every routed expert into its layer and evicts nothing: over any budget."""
+
+    name = "hoarder"
+
+    def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
+        return [set() for _ in range(n_layers)]
+
+    def plan(self, layer, load, hint, resident) -> LayerPlan:
+        routed = load > 0
+        return LayerPlan(gpu=routed, cpu=torch.zeros_like(routed),
+                         fetch_sync=[e for e in torch.nonzero(routed).flatten().tolist() if e not in resident])
+
+
+def run_hoarder(scope: str, loads: list[list[int]]) -> OffloadEngine:
+    engine = OffloadEngine(Hoarder(), GEO, B, COST, budget_scope=scope)
+    engine.prepare(None)
+    engine.begin_step(StepInfo(0, 0, 0, 0, True), 4, 4)
+    for layer, row in enumerate(loads):
+        engine.plan_layer(layer, torch.tensor(row))
+    engine.end_step()
+    return engine
+
+
+def test_the_engine_checks_the_total_under_a_global_budget() -> None:
+    three_then_one = [[1, 1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1]]
+    with pytest.raises(PlanError, match="'capacity'"):  # per layer: 3 > B in layer 0
+        run_hoarder("per_layer", three_then_one)
+    engine = run_hoarder("global", three_then_one)  # 3 + 1 = 4 = B x layers: any split is fine
+    assert [len(r) for r in engine.resident] == [3, 1]
+    with pytest.raises(PlanError, match="global-capacity"):  # 3 + 2 > 4
+        run_hoarder("global", [[1, 1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 1, 1]])
+
+
+def test_the_scope_is_checked_and_recorded() -> None:
+    with pytest.raises(HarnessError, match=r"budget\.scope"):
+        BudgetConfig(scope="per_gpu")
+    assert "scope" not in resolve_budget(BudgetConfig(gpu_gb=40.0), GEO).as_dict()  # per_layer, as before
+    assert resolve_budget(BudgetConfig(gpu_gb=40.0, scope="global"), GEO).as_dict()["scope"] == "global"
