@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import report, tracking
+from harness import records, report, tracking
 from harness.result import RunResult
 from harness.results import write_json_atomic
 from tests.harness_cli import empty_store, sqlite_uri
@@ -148,5 +148,5 @@ def test_tide_charged_sequentially_is_its_own_column(tmp_path: Path) -> None:
     assert wide[("tide", "tokens_per_s")].tolist() == [600.0]
     assert wide[("tide", "speedup")].tolist() == [2.0]  # fiddler (its original charging) is the baseline
     assert wide[("tide-sequential", "io_gb")].tolist() == [0.1]  # the table reports host-to-GPU traffic
-    assert report.system_label("tide", {"overlap": "false"}) == "tide-sequential"  # an MLflow param
-    assert report.system_label("tide", {}) == "tide"
+    assert records.system_label("tide", {"overlap": "false"}) == "tide-sequential"  # an MLflow param
+    assert records.system_label("tide", {}) == "tide"
