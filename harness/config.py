@@ -29,6 +29,7 @@ class ModelConfig:
     path: str | None = None  # real checkpoint directory; null -> proxy weights
     dtype: str = "float32"  # float32 | bfloat16
     proxy_seed: int = 0
+    weights: str = "random"  # proxies only: trained (harness/training) | random (seeded, expert bias balanced)
 
 
 @dataclass
@@ -91,6 +92,7 @@ class HarnessConfig:
 
 MODEL_NAMES = ("tiny", "mini", "flash")
 DTYPES = ("float32", "bfloat16")
+WEIGHT_KINDS = ("trained", "random")
 CACHE_MODES = ("prefix", "none")
 SOURCES = ("live", "trace")
 
@@ -123,6 +125,8 @@ def validate(cfg: DictConfig) -> None:
         "(one JSON object with a 'prompt' per line) or list workload.prompts",
     )
     _require(m.name in MODEL_NAMES, f"model.name={m.name!r} is not allowed; use one of {', '.join(MODEL_NAMES)}")
+    _require(m.get("weights", "random") in WEIGHT_KINDS,
+             f"model.weights={m.get('weights')!r} is not allowed; use trained or random")
     _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
     _require(d.gen_length > 0, f"decode.gen_length={d.gen_length} must be a positive number of tokens")
     _require(d.block_length > 0, f"decode.block_length={d.block_length} must be positive (32 or 64 in the paper)")
