@@ -5,14 +5,17 @@ step with the one k steps later (k = 1..max_k): their cosine similarity, and the
 of the top-B experts (by load) that are still in the top-B set. High values mean a
 placement chosen at one step stays good for the next few.
 
-    python -m harness.analyze trace=outputs/runs/.../trace.npz [B=64] [max_k=8] [out=DIR]
+    python -m harness.analyze trace=outputs/runs/.../trace.npz [B=64] [max_k=8] [out=DIR] [format=table]
 
-prints the table (mean over prompts, blocks and layers for each k) and writes
-stability.csv, stability.md and stability.png next to the trace (or into out=DIR).
+prints the table (mean over prompts, blocks and layers for each k) and the routing
+statistics beside their uniform-routing values, and writes stability.csv, stability.md and
+stability.png next to the trace (or into out=DIR). With format=json it prints one JSON
+object with the routing statistics (harness/routing_stats.py) and writes nothing.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -93,12 +96,34 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         if "=" not in arg:
             raise HarnessError(f"argument {arg!r} is not key=value; use trace=<path> [B=64] [max_k=8] [out=DIR]")
         key, value = arg.split("=", 1)
-        if key not in {"trace", "B", "max_k", "out"}:
-            raise HarnessError(f"unknown argument {key!r}; allowed: trace, B, max_k, out")
+        if key not in {"trace", "B", "max_k", "out", "format"}:
+            raise HarnessError(f"unknown argument {key!r}; allowed: trace, B, max_k, out, format")
         args[key] = value
     if "trace" not in args:
         raise HarnessError("missing trace=<path to trace.npz>")
+    if args.get("format", "table") not in FORMATS:
+        raise HarnessError(f"format={args['format']!r} is not allowed; use table or json")
     return args
+
+
+FORMATS = ("table", "json")
+
+
+def statistics_lines(stats: dict) -> list[str]:
+    """The routing statistics beside their uniform-routing values, one per line."""
+    from harness.routing_stats import STAT_KEYS
+
+    uniform = stats.get("uniform") or {}
+
+    def fmt(v: object) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    lines = [f"routing statistics (B={stats['B']}): value | uniform routing"]
+    lines += [f"  {key:34s} {fmt(stats.get(key)):>8s} | {fmt(uniform.get(key))}" for key in STAT_KEYS]
+    cos = ", ".join(fmt(c) for c in stats.get("cosine_by_k") or [])
+    ucos = ", ".join(fmt(c) for c in uniform.get("cosine_by_k") or [])
+    lines.append(f"  {'cosine_by_k':34s} [{cos}] | [{ucos}]")
+    return lines
 
 
 def main(argv: list[str]) -> int:
@@ -110,6 +135,14 @@ def main(argv: list[str]) -> int:
         raise HarnessError("B and max_k must be integers") from None
     if b < 1 or max_k < 1:
         raise HarnessError(f"B={b} and max_k={max_k} must be positive")
+    from harness.routing_stats import statistics_with_uniform
+
+    stats = statistics_with_uniform(trace, b, max_k)
+    if args.get("format", "table") == "json":
+        meta = trace.meta
+        print(json.dumps({"trace": args["trace"], "model": meta.get("model"), "weights": meta.get("weights"),
+                          "decode_cache": meta.get("decode", {}).get("cache"), **stats}))
+        return 0
     table = stability_table(trace, b, max_k)
     out = Path(args.get("out", Path(args["trace"]).parent))
     out.mkdir(parents=True, exist_ok=True)
@@ -121,6 +154,7 @@ def main(argv: list[str]) -> int:
     plot_stability(table, out / "stability.png", title)
     print(title)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("\n".join(statistics_lines(stats)))
     print(f"wrote {out / 'stability.csv'}, stability.md, stability.png")
     return 0
 

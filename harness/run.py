@@ -233,6 +233,8 @@ def run_live(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     result = build_result(cfg, setup, engine, counts, source="live", weights=loaded.weights,
                           checkpoint=str(loaded.path))
     result["backend"] = backend
+    if trace is not None:  # how realistic this run's routing is, beside uniform routing
+        add_routing_statistics(result, trace, setup.budget.experts_per_layer)
     if isinstance(runner, HybridExecutor):  # timing=measured; the modeled figures stay beside it
         apply_measured(result, runner.summary(), backend)
     result.update(
@@ -278,6 +280,14 @@ def build_result(cfg: DictConfig, setup: RunSetup, engine: OffloadEngine, counts
         "system_report": report,
         "versions": versions(),
     }
+
+
+def add_routing_statistics(result: dict[str, Any], trace: RoutingTrace, experts_per_layer: int) -> None:
+    """result['routing'] (harness/routing_stats.py) and its flat routing_* metrics."""
+    from harness.routing_stats import routing_metrics, statistics_with_uniform
+
+    result["routing"] = statistics_with_uniform(trace, max(1, int(experts_per_layer)))
+    result["metrics"].update(routing_metrics(result["routing"]))
 
 
 def _is_number(value: object) -> bool:
