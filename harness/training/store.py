@@ -48,8 +48,8 @@ TRAIN_SETTINGS: dict[str, TrainSettings] = {
 }
 # the random proxies' bias calibration: no-grad forwards, the balancing rule with a step
 # that shrinks linearly from the first to the last value
-CALIBRATION_STEPS = {"tiny": 30, "mini": 60, "flash": 60}
-CALIBRATION_TOKENS = 1024
+CALIBRATION_STEPS = {"tiny": 20, "mini": 40, "flash": 40}
+CALIBRATION_TOKENS = 512
 CALIBRATION_RATES = (2e-2, 2e-3)
 # the code whose change makes a trained proxy stale, relative to harness/
 TRAINING_SOURCES = ("training/balance.py", "training/corpus.py", "training/forward.py", "training/loop.py",
