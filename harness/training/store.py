@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from harness.errors import HarnessError
 from harness.model.llada2 import LLaDA2Model
@@ -145,7 +146,7 @@ def calibrate_bias(model: LLaDA2Model, stream: torch.Tensor, steps: int, seed: i
     first, last = CALIBRATION_RATES
     history = []
     with torch.no_grad():
-        for step in range(steps):
+        for step in tqdm(range(steps), desc="balance expert bias", unit="step", leave=False, dynamic_ncols=True):
             length = 2 * 32
             clean = sample_windows(stream, max(1, CALIBRATION_TOKENS // length), length, gen)
             batch = mask_last_block(clean, 32, model.config.mask_token_id, gen)
