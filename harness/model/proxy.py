@@ -1,4 +1,6 @@
-"""Proxy checkpoints: seeded random weights in the real LLaDA2 checkpoint layout.
+"""Proxy checkpoints in the real LLaDA2 checkpoint layout: seeded random weights with a
+balanced expert bias (`ensure_proxy`), and the writer trained proxies use too
+(harness/training/store.py).
 
 No weights can be downloaded where this harness is developed, so it writes its own
 checkpoints (config.json with the real key names, sharded safetensors + index,
