@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness.cli_check import precheck, quote_numeric_groups
+from harness.cli_check import precheck, typed_config
 from harness.config import register_configs
 from harness.errors import HarnessError
 
@@ -26,31 +26,40 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from harness.resume import skip_if_done
-    from harness.run import run_job, summary_lines
+    from harness.run import run_job
     from harness.tracking import record_finished_run
 
     run_dir = HydraConfig.get().runtime.output_dir
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        if skip_if_done(cfg, run_dir):  # resume=true and this config already has a result
+        config = typed_config(cfg)  # below here, only the typed HarnessConfig
+        if skip_if_done(config, run_dir):  # resume=true and this config already has a result
+            from harness.resume import resumed_result_path
+            from harness.tracking import log_if_missing
+
+            log_if_missing(resumed_result_path(run_dir), config)  # killed before logging: log it now
             return
-        result = run_job(cfg, run_dir)
-    except HarnessError as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        result = run_job(config, run_dir)
+    except Exception as exc:
+        # a HarnessError is bad input; anything else is a bug, which a single run shows in full
+        # but a sweep records as that job's failure, so the other jobs and the summary still come
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not (in_sweep or isinstance(exc, HarnessError)):
             raise
-        print(f"error: {exc}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        message = str(exc) if isinstance(exc, HarnessError) else \
+            f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())[:300]} (a bug: please report it)"
+        print(f"error: {message}", file=sys.stderr)
+        if in_sweep:
             from harness.results import write_json_atomic
 
-            write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": str(exc)})
+            write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": message})
             return
         sys.exit(2)
-    for line in summary_lines(result, cfg.show_text):
+    for line in result.summary_lines(config.show_text):
         print(line)
-    record_finished_run(result, run_dir, cfg)  # resume index + MLflow, after result.json; never raises
+    record_finished_run(result, run_dir, config)  # resume index + MLflow, after result.json; never raises
 
 
 def entry() -> None:
-    sys.argv[1:] = quote_numeric_groups(sys.argv[1:])
     try:
         precheck(sys.argv[1:])
     except HarnessError as exc:

@@ -23,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from harness.errors import HarnessError, exit_with
+from harness.errors import HarnessError, check_output_dir, exit_with
+from harness.routing_stats import STAT_KEYS, statistics_with_uniform
 from harness.trace import RoutingTrace
 
 
@@ -111,8 +112,6 @@ FORMATS = ("table", "json")
 
 def statistics_lines(stats: dict) -> list[str]:
     """The routing statistics beside their uniform-routing values, one per line."""
-    from harness.routing_stats import STAT_KEYS
-
     uniform = stats.get("uniform") or {}
 
     def fmt(v: object) -> str:
@@ -126,31 +125,40 @@ def statistics_lines(stats: dict) -> list[str]:
     return lines
 
 
+def int_arg(args: dict[str, str], key: str, default: int, upper: int, what: str) -> int:
+    """A positive integer argument no larger than `upper` (what the trace can give); the
+    default is clipped to `upper` instead."""
+    text = args.get(key, str(min(default, upper)))
+    try:
+        value = int(text)
+    except ValueError:
+        raise HarnessError(f"{key}={text!r} must be an integer") from None
+    if not 1 <= value <= upper:
+        raise HarnessError(f"{key}={value} must be between 1 and {upper} ({what})")
+    return value
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    out = check_output_dir(args.get("out", Path(args["trace"]).parent), "out")
     trace = RoutingTrace.load(args["trace"])
-    try:
-        b, max_k = int(args.get("B", 64)), int(args.get("max_k", 8))
-    except ValueError:
-        raise HarnessError("B and max_k must be integers") from None
-    if b < 1 or max_k < 1:
-        raise HarnessError(f"B={b} and max_k={max_k} must be positive")
-    from harness.routing_stats import statistics_with_uniform
-
+    longest = max((len(run) for run in denoise_runs(trace)), default=1)
+    b = int_arg(args, "B", 64, trace.n_experts, "the trace's experts per layer")
+    max_k = int_arg(args, "max_k", 8, max(1, longest - 1), "the longest block's denoising steps - 1")
     stats = statistics_with_uniform(trace, b, max_k)
     if args.get("format", "table") == "json":
-        meta = trace.meta
-        print(json.dumps({"trace": args["trace"], "model": meta.get("model"), "weights": meta.get("weights"),
-                          "decode_cache": meta.get("decode", {}).get("cache"), **stats}))
+        decode = trace.meta.get("decode") if isinstance(trace.meta.get("decode"), dict) else {}
+        print(json.dumps({"trace": args["trace"], "model": trace.meta.get("model"),
+                          "weights": trace.meta.get("weights"), "decode_cache": decode.get("cache"), **stats}))
         return 0
     table = stability_table(trace, b, max_k)
-    out = Path(args.get("out", Path(args["trace"]).parent))
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "stability.csv", index=False)
     (out / "stability.md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
     meta = trace.meta
+    decode = meta.get("decode") if isinstance(meta.get("decode"), dict) else {}
     title = f"routing stability: {meta.get('model', '?')} ({meta.get('weights', '?')}), B={b}, " \
-            f"cache={meta.get('decode', {}).get('cache', '?')}"
+            f"cache={decode.get('cache', '?')}"
     plot_stability(table, out / "stability.png", title)
     print(title)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

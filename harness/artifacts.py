@@ -5,6 +5,11 @@
 - the workload trace: gpu_only routing of the workload with next-layer hints (replay runs
   every system over it)
 
+With `decode.cache=none` both traces are derived from the prefix-cached recording
+(`trace.derive_no_cache`): the same routing at a fraction of the cost, since a no-cache
+decode recomputes the whole window every step. The derived trace is cached under the
+no-cache key, the prefix trace under its own.
+
 All three depend only on the model, its weights, the prompts and the decode settings, not
 on the system: on one device every system produces the gpu_only tokens bit for bit, so it
 also routes exactly like gpu_only. The model is loaded only when something must be
@@ -22,22 +27,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
 from harness.cost import CostModel, HardwareConfig
-from harness.decoding import DecodeSettings
+from harness.decoding import DecodeSettings, steps_per_block
 from harness.errors import HarnessError
 from harness.lossless import load_reference, store_reference
 from harness.results import fingerprint
-from harness.trace import RoutingTrace
+from harness.trace import RoutingTrace, derive_no_cache
 
 if TYPE_CHECKING:
+    from harness.config import HarnessConfig
     from harness.model import LoadedModel
     from harness.run import DecodeBatch
 
@@ -82,7 +87,7 @@ def checkpoint_files(path: Path) -> str:
     return fingerprint({"files": stats})
 
 
-def model_identity(cfg: DictConfig) -> dict[str, Any]:
+def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
     """What determines routing and tokens besides the prompts and decode settings."""
     identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint()}
     if cfg.model.path is not None:
@@ -91,24 +96,24 @@ def model_identity(cfg: DictConfig) -> dict[str, Any]:
     else:  # a proxy is rebuilt from its seed (and corpus) by the code fingerprinted above
         from harness.training.store import RESULT_WEIGHTS, weights_dir
 
-        kind = str(cfg.model.get("weights", "random"))
+        kind = cfg.model.weights
         checkpoint = weights_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed, kind)
         # the directory name holds the corpus digest (and, trained, the training key)
         identity.update(weights=RESULT_WEIGHTS[kind], checkpoint=str(checkpoint.resolve()))
     return identity
 
 
-def artifact_key(cfg: DictConfig, settings: DecodeSettings, prompts: list[str]) -> str:
+def artifact_key(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> str:
     return fingerprint({**model_identity(cfg), "decode": asdict(settings), "prompts": prompts})
 
 
-def new_trace(loaded: LoadedModel, cfg: DictConfig, settings: DecodeSettings, purpose: str) -> RoutingTrace:
+def new_trace(loaded: LoadedModel, cfg: HarnessConfig, settings: DecodeSettings, purpose: str) -> RoutingTrace:
     g = loaded.nominal
     meta = {"purpose": purpose, **model_identity(cfg), "decode": asdict(settings)}
     return RoutingTrace(g.n_moe_layers, g.num_experts, geometry=g.to_dict(), meta=meta)
 
 
-def record_trace(loaded: LoadedModel, cfg: DictConfig, prompts: list[str], settings: DecodeSettings,
+def record_trace(loaded: LoadedModel, cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings,
                  purpose: str) -> tuple[RoutingTrace, DecodeBatch]:
     """Decode with every expert in place and record the routing (with hints)."""
     from harness.hybrid.wiring import all_gpu_engine
@@ -116,7 +121,7 @@ def record_trace(loaded: LoadedModel, cfg: DictConfig, prompts: list[str], setti
 
     g = loaded.nominal
     trace = new_trace(loaded, cfg, settings, purpose)
-    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), settings.steps, trace=trace)
+    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), steps_per_block(settings), trace=trace)
     batch = decode_with_engine(loaded, engine, prompts, settings, desc=purpose)
     describe_batch(trace, batch)
     return trace, batch
@@ -137,7 +142,7 @@ def _cached_trace(path: Path) -> RoutingTrace | None:
         return None  # a damaged cache entry is recorded again, never trusted
 
 
-def calibration_trace(cfg: DictConfig, settings: DecodeSettings, load: ModelLoader,
+def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelLoader,
                       backend: str = "cpu") -> RoutingTrace:
     """The calibration routing, cached per backend: a device decodes in its own dtype with
     its own kernels, so it routes (a little) differently from the host emulation."""
@@ -153,18 +158,28 @@ def calibration_trace(cfg: DictConfig, settings: DecodeSettings, load: ModelLoad
     path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
     trace = _cached_trace(path)
     if trace is None:
-        trace, _ = record_trace(load(), cfg, prompts, settings, "calibration")
+        if settings.cache == "none":
+            trace = derive_no_cache(calibration_trace(cfg, replace(settings, cache="prefix"), load, backend))
+        else:
+            trace, _ = record_trace(load(), cfg, prompts, settings, "calibration")
         trace.save(path)
     return trace
 
 
-def workload_trace(cfg: DictConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader
+def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader
                    ) -> tuple[RoutingTrace, Path]:
     """The gpu_only routing of the workload, recorded live on first use; its tokens are
-    stored as the reference too, since they are the same decode."""
+    stored as the reference too, since they are the same decode. A no-cache trace is
+    derived from the prefix-cached one (whose tokens are not stored as the no-cache
+    reference: a live no-cache run computes its own)."""
     key = artifact_key(cfg, settings, prompts)
     path = Path(cfg.cache_dir) / "traces" / f"{key}.npz"
     trace = _cached_trace(path)
+    if trace is None and settings.cache == "none":
+        prefix, prefix_path = workload_trace(cfg, prompts, replace(settings, cache="prefix"), load)
+        trace = derive_no_cache(prefix)
+        trace.meta["derived_from_trace"] = str(prefix_path)
+        trace.save(path)
     if trace is None:
         trace, batch = record_trace(load(), cfg, prompts, settings, "workload")
         trace.save(path)
@@ -173,6 +188,6 @@ def workload_trace(cfg: DictConfig, prompts: list[str], settings: DecodeSettings
     return trace, path
 
 
-def reference_tokens(cfg: DictConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
+def reference_tokens(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
     key = artifact_key(cfg, settings, prompts)
     return key, load_reference(cfg.cache_dir, key)

@@ -17,10 +17,10 @@ from typing import Any
 
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.structured import as_dataclass
 
 GB = 1e9
 BYTES_PER_PARAM = 2
+MAX_GPU_GB = 1e6  # a petabyte: above it the byte arithmetic stops being exact, and no GPU is near
 
 
 @dataclass
@@ -32,6 +32,23 @@ class BudgetConfig:
     experts_per_layer: int | None = None  # pinned B (the paper's settings); None: derive
     reserve_gb: float = 0.5
     max_experts_per_layer: int | None = None
+
+    def __post_init__(self) -> None:
+        """The checks that need no model (resolve_budget checks B against its experts)."""
+        # nan fails every comparison; inf and 1e308 overflow the byte arithmetic
+        if not (math.isfinite(self.gpu_gb) and 0 < self.gpu_gb <= MAX_GPU_GB):
+            raise HarnessError(f"budget.gpu_gb must be a finite number of GB in (0, {MAX_GPU_GB:g}] "
+                               f"(got {self.gpu_gb}); set e.g. budget.gpu_gb=12")
+        if not (math.isfinite(self.reserve_gb) and 0 <= self.reserve_gb < self.gpu_gb):
+            raise HarnessError(f"budget.reserve_gb must be a finite number of GB in [0, budget.gpu_gb) "
+                               f"(got {self.reserve_gb}); the default is 0.5")
+        for key in ("experts_per_layer", "max_experts_per_layer"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise HarnessError(f"budget.{key} must be a positive integer or null (got {value})")
+        pinned, cap = self.experts_per_layer, self.max_experts_per_layer
+        if pinned is not None and cap is not None and pinned > cap:
+            raise HarnessError(f"budget.experts_per_layer={pinned} exceeds budget.max_experts_per_layer={cap}")
 
 
 @dataclass(frozen=True)
@@ -52,30 +69,18 @@ class Budget:
         return asdict(self)
 
 
-def _check_values(cfg: BudgetConfig, n_experts: int) -> None:
-    if not cfg.gpu_gb > 0:
-        raise HarnessError(f"budget.gpu_gb must be > 0 (got {cfg.gpu_gb}); set e.g. budget.gpu_gb=12")
-    if cfg.reserve_gb < 0:
-        raise HarnessError(f"budget.reserve_gb must be >= 0 (got {cfg.reserve_gb}); the default is 0.5")
-    for key in ("experts_per_layer", "max_experts_per_layer"):
-        value = getattr(cfg, key)
-        if value is not None and value <= 0:
-            raise HarnessError(f"budget.{key} must be a positive integer or null (got {value})")
+def _check_experts(cfg: BudgetConfig, n_experts: int) -> None:
     pinned = cfg.experts_per_layer
     if pinned is not None and pinned > n_experts:
         raise HarnessError(
             f"budget.experts_per_layer={pinned} exceeds the model's {n_experts} experts per layer; "
             f"set it to at most {n_experts} or to null to derive it from budget.gpu_gb"
         )
-    cap = cfg.max_experts_per_layer
-    if pinned is not None and cap is not None and pinned > cap:
-        raise HarnessError(f"budget.experts_per_layer={pinned} exceeds budget.max_experts_per_layer={cap}")
 
 
-def resolve_budget(cfg: Any, geometry: LLaDA2Config) -> Budget:
+def resolve_budget(cfg: BudgetConfig, geometry: LLaDA2Config) -> Budget:
     """B for this model under this budget, with the figures a run logs."""
-    cfg = as_dataclass(cfg, BudgetConfig, "budget")
-    _check_values(cfg, geometry.num_experts)
+    _check_experts(cfg, geometry.num_experts)
     non_expert = geometry.non_expert_bytes(BYTES_PER_PARAM)
     expert = geometry.expert_bytes(BYTES_PER_PARAM)
     layers = geometry.n_moe_layers

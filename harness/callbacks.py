@@ -1,6 +1,7 @@
 """Hydra callback for sweeps (registered in conf/config.yaml under hydra.callbacks).
 
-  on_multirun_start  (launching process) create the sweep's parent MLflow run (or, with
+  on_multirun_start  (launching process) for submitit launchers, pin the cache dir and
+                     tracking URI for the jobs (harness/cluster.py); create the sweep's parent MLflow run (or, with
                      resume=true, reuse the unfinished one of this sweep dir) and record
                      its id in <sweep dir>/mlflow_parent.json, where every job, in
                      whatever process or node runs it, finds it (harness.tracking); from
@@ -9,7 +10,9 @@
   on_job_end         (the job's process) one compact line per finished job
   on_multirun_end    (launching process) the sweep's summary table: printed, written to
                      the sweep dir (CSV, markdown, throughput plot) and logged to the
-                     parent run, which is then closed FINISHED and the guard released
+                     parent run (artifacts, and with the command in its description),
+                     which is then closed FINISHED and the guard released; then the link
+                     that opens the runs table in the MLflow UI
 
 Hydra turns an exception in a callback into a warning; these methods also catch their
 own store failures so that a sweep never stops because MLflow is unreachable.
@@ -18,6 +21,7 @@ own store failures so that a sweep never stops because MLflow is unreachable.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +31,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness import sweep_run, tracking
+from harness import cluster, mlflow_ui, sweep_run, tracking
 from harness.report import SWEEP_FILES, compact_line, record_from_result, sweep_markdown, sweep_records, sweep_table
+from harness.result import RunResult
 from harness.results import read_json
 
 SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
@@ -50,9 +55,26 @@ def sweep_dir(config: DictConfig) -> Path:
     return Path(str(config.hydra.sweep.dir))
 
 
+def tracking_of(config: DictConfig) -> tracking.TrackingConfig:
+    """The typed `tracking` part of the sweep's config."""
+    return OmegaConf.to_object(config.tracking)
+
+
+def sweeper_params(config: DictConfig) -> dict[str, Any]:
+    """The grid an experiment config gives the sweeper (hydra.sweeper.params), if any."""
+    params = config.hydra.sweeper.get("params")
+    return dict(OmegaConf.to_container(params, resolve=False)) if params else {}
+
+
+def experiment_of(directory: Path, uri: str) -> str:
+    marker = tracking.find_marker(directory / tracking.PARENT_MARKER, uri)
+    return str(marker["experiment_id"]) if marker else "?"
+
+
 class SweepCallback(Callback):
     def __init__(self) -> None:
         self.parent_run_id: str | None = None  # created (or reused) by this process
+        self.command = ""  # the sweep's command line, for the parent run's description
         self.reused = False
         self.guard: sweep_run.ParentRunGuard | None = None
 
@@ -62,13 +84,18 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         directory = sweep_dir(config)
         directory.mkdir(parents=True, exist_ok=True)
-        settings = tracking.tracking_settings(config)
+        settings = tracking_of(config)
+        cluster.prepare_sweep(config, settings.enabled, settings.uri)  # before the launcher submits anything
         if not settings.enabled:
             return
         overrides = [str(o) for o in config.hydra.overrides.task]
+        self.command = mlflow_ui.sweep_command(overrides, [str(o) for o in config.hydra.overrides.hydra])
         try:
+            name = mlflow_ui.parent_run_name(mlflow_ui.swept_overrides(overrides, sweeper_params(config)),
+                                             datetime.now())
             run_id, self.reused = sweep_run.open_parent_run(settings, directory, swept_models(config), overrides,
-                                                           resume=bool(config.get("resume", False)))
+                                                           resume=bool(config.resume), name=name,
+                                                           description=mlflow_ui.parent_description(self.command))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "parent run", exc)
             return
@@ -88,7 +115,7 @@ class SweepCallback(Callback):
             reason = " ".join(str(job_return._return_value).split())[:200]
             print(f"[failed] {label}: {type(job_return._return_value).__name__}: {reason}", flush=True)
         elif (run_dir / "result.json").is_file() and not skipped_by_resume(run_dir):
-            record = record_from_result(read_json(run_dir / "result.json"), str(run_dir))
+            record = record_from_result(RunResult.from_json(run_dir / "result.json"), str(run_dir))
             print(compact_line(record, label), flush=True)
         # a job skipped by resume printed its own line
 
@@ -103,11 +130,17 @@ class SweepCallback(Callback):
             print((directory / SUMMARY_MD).read_text(), end="")
         if self.parent_run_id is None:
             return
-        settings = tracking.tracking_settings(config)
+        settings = tracking_of(config)
+        table = (directory / SUMMARY_MD).read_text() if records else None
+        note = "Resumed (`resume=true`): the table covers every attempt in this sweep dir." if self.reused else None
         try:
-            if self.reused:  # results of the interrupted attempt whose logging was cut short
+            # results of an interrupted attempt whose logging was cut short; SLURM jobs on SQLite log nothing
+            if self.reused or cluster.launcher_logs_for_jobs(config.hydra, settings.uri):
                 tracking.push([directory], settings)
-            sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records))
+            sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records),
+                                        mlflow_ui.parent_description(self.command, table, note),
+                                        sweep_run.workloads_in(directory))
+            print(mlflow_ui.ui_hint(tracking.normalize_uri(settings.uri), experiment_of(directory, settings.uri)))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "sweep summary", exc)
         # not in a `finally`: a signal during the above leaves the guard to end the run KILLED

@@ -2,8 +2,9 @@
 
 Hydra reports a bad override (unknown group option, wrong type, unknown key) in several
 lines and exit code 1. The harness composes every override here first, each sweep value
-once, and reports the first problem as one line naming the key and what is allowed, so
-a sweep never starts with a typo in its tenth job.
+once, types it (`typed_config`: the config dataclasses check their values) and reports
+the first problem as one line naming the key and what is allowed, so a sweep never
+starts with a typo in its tenth job.
 """
 
 from __future__ import annotations
@@ -15,30 +16,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config import validate
+from harness.config import HarnessConfig
 from harness.errors import HarnessError
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 _FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package"}
 _SKIP_ALL = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
-
-
-NUMERIC_GROUPS = ("block",)  # config groups whose option names are numbers
-
-
-def quote_numeric_groups(argv: list[str]) -> list[str]:
-    """`block=64` -> `block='64'`: Hydra parses 64 as an int and refuses it as a group
-    option, so the numeric option names of these groups are quoted (sweeps too)."""
-    out = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+~") in NUMERIC_GROUPS and re.fullmatch(r"[0-9]+(,[0-9]+)*", value):
-            arg = f"{key}=" + ",".join(f"'{v}'" for v in value.split(","))
-        out.append(arg)
-    return out
 
 
 def user_overrides(argv: list[str]) -> list[str] | None:
@@ -66,7 +52,7 @@ def override_variants(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
-        raise HarnessError(one_line(exc)) from None
+        raise HarnessError(_bad_override(overrides, exc)) from None
     base, sweeps = [], []
     for ov in parsed:
         if ov.is_sweep_override():
@@ -83,8 +69,29 @@ def override_variants(overrides: list[str]) -> list[list[str]]:
     return variants
 
 
-def compose_checked(overrides: list[str]) -> DictConfig:
-    """Compose the job config for these overrides; any problem is a one-line HarnessError."""
+def typed_config(cfg: DictConfig) -> HarnessConfig:
+    """The composed config as a HarnessConfig: interpolations resolved, each part its
+    dataclass (value checks run in their __post_init__); any problem is a one-line
+    HarnessError. Nothing below the entry point sees the DictConfig."""
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise HarnessError(one_line(exc)) from None
+    if not isinstance(typed, HarnessConfig):
+        raise HarnessError(f"the composed config is a {type(typed).__name__}, not a HarnessConfig; "
+                           "conf/config.yaml must list base_config first in its defaults")
+    return typed
+
+
+def compose_checked(overrides: list[str]) -> HarnessConfig:
+    """Compose the job config for these overrides and type it; any problem is a one-line
+    HarnessError."""
+    return typed_config(compose_raw(overrides))
+
+
+def compose_raw(overrides: list[str]) -> DictConfig:
+    """The composed, untyped job config (what Hydra hands `main`); problems are one-line
+    HarnessErrors."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -95,7 +102,6 @@ def compose_checked(overrides: list[str]) -> DictConfig:
         raise HarnessError(one_line(exc)) from None
     finally:
         GlobalHydra.instance().clear()
-    validate(cfg)
     return cfg
 
 
@@ -105,6 +111,19 @@ def precheck(argv: list[str]) -> None:
         return
     for variant in override_variants(overrides):
         compose_checked(variant)
+
+
+def _bad_override(overrides: list[str], exc: HydraException) -> str:
+    """Name the override Hydra cannot parse: its own message names only the offending text."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except HydraException as own:
+            key = override.split("=", 1)[0]
+            return (f"cannot parse the override {override!r} (key {key}): {one_line(own)}; "
+                    "quote a value holding brackets, commas or spaces, e.g. 'key=\"a,b\"'")
+    return one_line(exc)
 
 
 def _missing_option(exc: MissingConfigException) -> str:

@@ -1,25 +1,50 @@
-"""Structured configs: the dataclasses that validate every Hydra config group.
+"""The typed run config: `HarnessConfig` and the dataclasses of its parts.
 
 The schemas are stored in Hydra's ConfigStore; `conf/config.yaml` pulls `base_config` in
-first, so every YAML group is merged onto a typed node and a wrong type fails at compose
-time. Value checks that a type cannot express (ranges, choices) are in `validate()`,
-which raises one-line `HarnessError`s.
+first, and every system option file pulls its system's schema (`<name>_schema`), so every
+YAML group is merged onto a typed node and a wrong type fails at compose time. The entry
+point (harness/__main__.py, harness/cli_check.py) turns the composed config into a
+`HarnessConfig` with `OmegaConf.to_object`; everything below it gets typed parts.
+
+Value checks that a type cannot express (ranges, choices, pairings) run in the
+dataclasses' `__post_init__` and raise one-line `HarnessError`s naming the key. A part
+built by the schema itself holds `MISSING` ("???") in its mandatory fields; checks skip
+those (`to_object` refuses a config that still has one).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING
 
 from harness.budget import BudgetConfig
 from harness.cost import HardwareConfig
+from harness.decoding import DecodeSettings
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend
-from harness.topology import TopologyConfig, check_config
+from harness.model import nominal_geometry
+from harness.topology import TopologyConfig, build_topology, check_system_topology
 from harness.tracking import TrackingConfig
+from systems.registry import SYSTEM_CONFIGS, SYSTEMS, system_from_config
+
+MODEL_NAMES = ("tiny", "mini", "flash")
+DTYPES = ("float32", "bfloat16")
+WEIGHT_KINDS = ("trained", "random")  # proxies: harness/training/store.py
+SOURCES = ("live", "trace")
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise HarnessError(message)
+
+
+def _given(value: Any) -> bool:
+    """False for the schema's placeholder of a mandatory value."""
+    return value != MISSING
 
 
 @dataclass
@@ -31,25 +56,22 @@ class ModelConfig:
     proxy_seed: int = 0
     weights: str = "random"  # proxies only: trained (harness/training) | random (seeded, expert bias balanced)
 
-
-@dataclass
-class DecodeConfig:
-    gen_length: int = 32
-    block_length: int = 32
-    steps: int = 32
-    threshold: float = 0.95
-    temperature: float = 0.0
-    cache: str = "prefix"  # prefix | none
-    eos_early_stop: bool = True
-    seed: int = 0
+    def __post_init__(self) -> None:
+        _require(not _given(self.name) or self.name in MODEL_NAMES,
+                 f"model.name={self.name!r} is not allowed; use one of {', '.join(MODEL_NAMES)}")
+        _require(self.weights in WEIGHT_KINDS,
+                 f"model.weights={self.weights!r} is not allowed; use trained or random")
+        _require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+        _require(0 <= self.proxy_seed <= MAX_SEED, f"model.proxy_seed={self.proxy_seed} must be in [0, 2**63-1]")
 
 
 @dataclass
 class WorkloadConfig:
     name: str = "coding"
     path: str | None = None  # jsonl file (workload=jsonl)
-    prompt_field: str = "prompt"  # jsonl key holding the prompt
+    prompt_field: str = "prompt"  # jsonl (or dataset) key holding the prompt
     prompts: list[str] = field(default_factory=list)
+    dataset: str | None = None  # a bundled benchmark: humaneval (harness/workload.py)
 
 
 @dataclass
@@ -64,16 +86,14 @@ class TraceConfig:
 
 
 @dataclass
-class SystemConfig:
-    """Generic system node; each system also registers its own schema (systems/registry)."""
-
-    name: str = MISSING
-
-
-@dataclass
 class HarnessConfig:
+    """One run's whole config. `system` is the chosen system's own config dataclass
+    (systems/registry.py SYSTEM_CONFIGS); `block` is what conf/decode/*.yaml take
+    decode.block_length and decode.steps from (`block=64`, sweeps `block=32,64`)."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    block: int = 32
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     system: Any = MISSING
@@ -89,59 +109,52 @@ class HarnessConfig:
     resume: bool = False  # skip jobs whose result exists for the same config hash (harness/resume.py)
     backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
 
+    def __post_init__(self) -> None:
+        """The checks that span parts (each part checked its own values when it was built)."""
+        w = self.workload
+        _require(
+            w.path is not None or len(w.prompts) > 0 or w.dataset is not None,
+            f"workload={w.name} has no prompts: set workload.path=<file.jsonl> "
+            "(one JSON object with a 'prompt' per line) or list workload.prompts",
+        )
+        _require(self.source in SOURCES, f"source={self.source!r} is not allowed; use live or trace")
+        _require(
+            self.limit_prompts is None or self.limit_prompts > 0,
+            f"limit_prompts={self.limit_prompts} must be positive or null",
+        )
+        check_backend(self.backend)  # cuda without a GPU is a one-line error
+        if _given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
+            system_cls = SYSTEMS[self.system.name]
+            check_system_topology(system_cls.name, system_cls.multi_gpu, build_topology(self.topology))
+            system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
+        if _given(self.model.name):
+            self._check_lengths()
 
-MODEL_NAMES = ("tiny", "mini", "flash")
-DTYPES = ("float32", "bfloat16")
-WEIGHT_KINDS = ("trained", "random")
-CACHE_MODES = ("prefix", "none")
-SOURCES = ("live", "trace")
+    def _check_lengths(self) -> None:
+        """decode lengths against the model's positions (the published, or the proxy's,
+        geometry; a real checkpoint's own config.json and each prompt's token count are
+        checked at load)."""
+        d = self.decode
+        limit = nominal_geometry(self.model).max_position_embeddings
+        _require(d.gen_length + 1 <= limit,
+                 f"decode.gen_length={d.gen_length} does not fit model={self.model.name}'s {limit} positions "
+                 f"(prompt + generated tokens); use at most {limit - 1}")
+        _require(d.block_length <= limit,
+                 f"decode.block_length={d.block_length} exceeds model={self.model.name}'s {limit} positions")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The resolved config as plain data: result.json's "config" and the resume hash."""
+        return asdict(self)
 
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=HarnessConfig)
-    _register_optional_groups(cs)
+    _register_system_schemas(cs)
 
 
-def _register_optional_groups(cs: ConfigStore) -> None:
-    """Each system's options are validated by its own dataclass (systems/registry)."""
-    from systems.registry import SYSTEM_CONFIGS
-
+def _register_system_schemas(cs: ConfigStore) -> None:
+    """Each system's options are typed by its own dataclass: conf/system/<name>.yaml pulls
+    `<name>_schema` into its defaults."""
     for name, node in SYSTEM_CONFIGS.items():
         cs.store(group="system", name=f"{name}_schema", node=node)
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise HarnessError(message)
-
-
-def validate(cfg: DictConfig) -> None:
-    """Range and choice checks; each failure names the key and what is allowed."""
-    m, d = cfg.model, cfg.decode
-    _require(
-        cfg.workload.path is not None or len(cfg.workload.prompts) > 0,
-        f"workload={cfg.workload.name} has no prompts: set workload.path=<file.jsonl> "
-        "(one JSON object with a 'prompt' per line) or list workload.prompts",
-    )
-    _require(m.name in MODEL_NAMES, f"model.name={m.name!r} is not allowed; use one of {', '.join(MODEL_NAMES)}")
-    _require(m.get("weights", "random") in WEIGHT_KINDS,
-             f"model.weights={m.get('weights')!r} is not allowed; use trained or random")
-    _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
-    _require(d.gen_length > 0, f"decode.gen_length={d.gen_length} must be a positive number of tokens")
-    _require(d.block_length > 0, f"decode.block_length={d.block_length} must be positive (32 or 64 in the paper)")
-    _require(
-        1 <= d.steps <= d.block_length,
-        f"decode.steps={d.steps} cannot serve decode.block_length={d.block_length}: "
-        "steps per block must be between 1 and block_length",
-    )
-    _require(0 < d.threshold <= 1, f"decode.threshold={d.threshold} must be in (0, 1]")
-    _require(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0 (0 = argmax)")
-    _require(cfg.source in SOURCES, f"source={cfg.source!r} is not allowed; use live or trace")
-    _require(d.cache in CACHE_MODES, f"decode.cache={d.cache!r} is not allowed; use prefix or none")
-    _require(
-        cfg.limit_prompts is None or cfg.limit_prompts > 0,
-        f"limit_prompts={cfg.limit_prompts} must be positive or null",
-    )
-    check_backend(cfg.get("backend", "auto"))  # cuda without a GPU is a one-line error
-    check_config(cfg)  # topology values, and ep_linear/gem only with topology=multi (and vice versa)

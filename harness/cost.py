@@ -20,24 +20,15 @@ expert, the dense first layer(s), lm_head) runs on the GPU; each component is a 
 plus a launch overhead per kernel. Attention scores cost 4 * n_tokens * n_context *
 heads * head_dim flops (QK^T and PV).
 
-The layer combine rule is a timeline of one forward (`ForwardTimeline`):
-
-    clock += the dense layers; then per MoE layer: clock += its non-expert slice, t0 = clock
-    sync copies queue on the PCIe link behind any async copies still in flight (one link,
-    FIFO); the GPU experts start once the sync copies and any prefetched expert they use
-    have landed: ready = max(t0, sync_done, landing of used prefetches)
-    overlap (CPU runs concurrently):  end = max(ready + gpu, t0 + cpu)
-    no overlap:                       end = ready + gpu + cpu
-    async copies queue on the link after the sync copies; they cost time only when
-    something waits for them: a later layer's GPU experts or sync copies, or the end of
-    the forward (clock += lm_head; clock = max(clock, link_free)).
+The layer combine rule is a timeline of one forward: one FIFO PCIe link shared by sync and
+async copies, GPU experts waiting for the copies they use; harness/ledger.py states and charges it.
 
 For one layer with an idle link this is DESIGN 8's `combine(gpu + sync copies, cpu)` (max
 when overlapping, sum otherwise), and async copies add only max(0, sync + async - that).
 The modeled time splits exactly into non-expert + exposed copy waits + GPU experts +
 exposed CPU time (the part of the CPU work that runs past the GPU path).
 
-Profiles: `conf/hardware/*.yaml` (schema `HardwareConfig`); `load_hardware` returns the
+Profiles: `conf/hardware/*.yaml` (schema `HardwareConfig`); `harness.profiling.load_hardware` returns the
 one a run is charged with, for `hardware=local` the figures harness/profiling.py measured
 on this machine (measuring on first use).
 """
@@ -46,9 +37,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,7 +46,6 @@ import torch
 
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.structured import as_dataclass
 
 BYTES_PER_PARAM = 2  # bf16 weights everywhere in the model
 # Kernel launches charged per component (eager PyTorch): qkv, QK-norm+rope, attention,
@@ -93,17 +82,22 @@ class HardwareConfig:
     cpu_table_seconds: list[float] = field(default_factory=list)
     measured: str = ""  # what was measured on this machine (for the run record)
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
         for key in ("gpu_hbm_gbps", "gpu_bf16_tflops", "pcie_gbps", "cpu_mem_gbps", "cpu_tflops"):
-            if not float(getattr(self, key)) > 0:
+            if not 0 < float(getattr(self, key)) < math.inf:
                 raise HarnessError(
-                    f"hardware.{key} must be > 0 (got {getattr(self, key)}); fix conf/hardware"
+                    f"hardware.{key} must be a finite number > 0 (got {getattr(self, key)}); fix conf/hardware"
                 )
         for key in ("gpu_call_overhead_us", "pcie_latency_us", "cpu_call_overhead_us"):
-            if float(getattr(self, key)) < 0:
+            if not 0 <= float(getattr(self, key)) < math.inf:
                 raise HarnessError(
-                    f"hardware.{key} must be >= 0 (got {getattr(self, key)}); fix conf/hardware"
+                    f"hardware.{key} must be a finite number >= 0 (got {getattr(self, key)}); fix conf/hardware"
                 )
+        if not all(0 < float(s) < math.inf for s in self.cpu_table_seconds):
+            raise HarnessError("hardware.cpu_table_seconds must be finite positive seconds")
         if len(self.cpu_table_tokens) != len(self.cpu_table_seconds):
             raise HarnessError("hardware.cpu_table_tokens and hardware.cpu_table_seconds differ in length")
         if self.cpu_table_tokens and (
@@ -155,8 +149,7 @@ class CostModel:
         self._gpu_ov = hw.gpu_call_overhead_us * 1e-6
         self._table = self._cpu_table(hw, geometry)
         self._copy_one = self.expert_bytes / (hw.pcie_gbps * 1e9) + hw.pcie_latency_us * 1e-6
-        self._gpu_totals = _ExpertTotals(self.gpu_expert_times)
-        self._cpu_totals = _ExpertTotals(self.cpu_expert_times)
+        self._time_tables: dict[str, np.ndarray] = {}
 
     @staticmethod
     def _cpu_table(hw: HardwareConfig, geometry: LLaDA2Config) -> tuple[list[int], list[float]] | None:
@@ -215,14 +208,17 @@ class CostModel:
             return torch.where(n > 0, t, 0.0)
         return torch.tensor([self.cpu_expert_time(int(v)) for v in loads.tolist()], dtype=torch.float64)
 
-    def gpu_expert_total(self, loads: np.ndarray) -> float:
-        """float(gpu_expert_times(torch.from_numpy(loads)).sum()), bit for bit, for an int
-        numpy vector of loads (the engine's per-layer charge), mostly without torch."""
-        return self._gpu_totals(loads)
-
-    def cpu_expert_total(self, loads: np.ndarray) -> float:
-        """float(cpu_expert_times(torch.from_numpy(loads)).sum()), bit for bit."""
-        return self._cpu_totals(loads)
+    def time_table(self, device: str, top: int) -> np.ndarray:
+        """float64 [n], n > top: `gpu_expert_times` ("gpu") or `cpu_expert_times` ("cpu")
+        of the loads 0..n-1. They are elementwise, so entry v is what they give load v
+        anywhere in a vector: planners and the ledger look times up here instead of
+        building tensors. Tabulated on first use, grown on demand."""
+        table = self._time_tables.get(device)
+        if table is None or top >= len(table):
+            n = max(256, 2 * len(table) if table is not None else 0, top + 1)
+            times = {"gpu": self.gpu_expert_times, "cpu": self.cpu_expert_times}[device]
+            table = self._time_tables[device] = times(torch.arange(n)).numpy()
+        return table
 
     def copy_time(self, n_experts: int = 1) -> float:
         return max(n_experts, 0) * self._copy_one
@@ -280,152 +276,3 @@ class CostModel:
             cpu_expert_1tok_s=self.cpu_expert_time(1),
         )
         return hw
-
-
-class _ExpertTotals:
-    """Sums of one device's expert times, the bits of `float(times(loads).sum())`.
-
-    The per-expert times are tabulated per load with the cost model's own vector
-    function (elementwise, so a table entry is exactly what that function gives the load
-    anywhere in a vector). Loads 1..flat all cost the same (memory-bound experts: the
-    common case), and a torch sum depends only on the values and their order, so a run
-    of k such experts sums as a torch sum of k copies of that time, cached per k. Other
-    runs are summed by torch over the tabulated times, in the given order."""
-
-    def __init__(self, times: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.times = times
-        self.table = np.zeros(0)
-        self.flat = 0  # loads 1..flat all cost table[1]
-        self.constant_sums: dict[int, float] = {}
-
-    def _tabulate(self, n: int) -> None:
-        """Times of loads 0..n-1 (computed on first use: after any change to the profile
-        made before the first charge)."""
-        table = self.times(torch.arange(n)).numpy()
-        if len(table) < 2:
-            self.table, self.flat = table, 0
-            return
-        differs = np.flatnonzero(table[1:] != table[1])
-        self.table, self.flat = table, int(differs[0]) if differs.size else n - 1
-        self.constant_sums.clear()
-
-    def __call__(self, loads: np.ndarray) -> float:
-        k = len(loads)
-        if not k:
-            return 0.0
-        if len(self.table) < 2:
-            self._tabulate(256)
-        lo, hi = int(loads.min()), int(loads.max())
-        if lo >= 1 and hi <= self.flat:
-            total = self.constant_sums.get(k)
-            if total is None:
-                total = float(torch.full((k,), float(self.table[1]), dtype=torch.float64).sum())
-                self.constant_sums[k] = total
-            return total
-        if lo < 0:  # no table entry: ask the vector function itself
-            return float(self.times(torch.from_numpy(loads)).sum())
-        if hi >= len(self.table):
-            self._tabulate(max(2 * len(self.table), hi + 1))
-        return float(torch.from_numpy(self.table[loads]).sum())
-
-
-@dataclass(frozen=True)
-class LayerTiming:
-    copies_s: float  # time the GPU experts waited for the link (exposed copy time)
-    gpu_s: float
-    cpu_s: float  # CPU time not hidden behind the GPU path
-    total_s: float
-
-
-class ForwardTimeline:
-    """The clock of one forward: non-expert slices, per-layer expert phases, one FIFO
-    PCIe link shared by sync and async copies (see the module docstring)."""
-
-    def __init__(self, cost: CostModel, n_tokens: int, n_context: int) -> None:
-        self.cost = cost
-        self.parts = cost.non_expert_breakdown(n_tokens, n_context)
-        self.clock = self.parts.before_moe
-        self.copy_one = cost.copy_time(1)
-        self.link_free = 0.0
-        self.landing: dict[int, dict[int, float]] = {}  # layer -> expert -> when its async copy lands
-        self.drain_s = 0.0
-        self.layers_charged = 0
-        self.finished = False
-
-    def charge_layer(
-        self,
-        layer: int,
-        gpu_s: float,
-        cpu_s: float,
-        n_sync: int,
-        gpu_experts: Iterable[int],
-        async_targets: Sequence[tuple[int, int]],
-        overlap: bool,
-    ) -> LayerTiming:
-        self.clock += self.parts.per_moe_layer
-        self.layers_charged += 1
-        t0 = self.clock
-        copy_one = self.copy_one
-        ready = t0
-        if n_sync:
-            self.link_free = max(t0, self.link_free) + n_sync * copy_one
-            ready = self.link_free
-        in_flight = self.landing.pop(layer, None)
-        if in_flight:  # a prefetched expert must have landed before it computes
-            ready = max([ready] + [in_flight[e] for e in gpu_experts if e in in_flight])
-        start = max(t0, self.link_free)
-        for i, (target_layer, e) in enumerate(async_targets):
-            self.landing.setdefault(target_layer, {})[e] = start + (i + 1) * copy_one
-        if async_targets:
-            self.link_free = start + len(async_targets) * copy_one
-        gpu_end = ready + gpu_s
-        end = max(gpu_end, t0 + cpu_s) if overlap else gpu_end + cpu_s
-        self.clock = end
-        return LayerTiming(copies_s=ready - t0, gpu_s=gpu_s, cpu_s=end - gpu_end, total_s=end - t0)
-
-    def finish(self) -> float:
-        """Close the forward: lm_head, then wait for copies still on the link. Returns
-        the forward's modeled seconds."""
-        if not self.finished:
-            # MoE layers that planned nothing still ran their attention, router and shared expert
-            missing = max(0, self.parts.n_moe_layers - self.layers_charged)
-            self.clock += missing * self.parts.per_moe_layer + self.parts.head
-            self.drain_s = max(0.0, self.link_free - self.clock)
-            self.clock += self.drain_s
-            self.finished = True
-        return self.clock
-
-
-def load_hardware(cfg_hw: Any, geometry: LLaDA2Config) -> HardwareConfig:
-    """The profile a run is charged with: `cfg_hw` itself for a static profile; for one
-    with `profile_path` (hardware=local) the measured figures, profiling this machine
-    first when the file (or this expert shape in it) is missing and profile_if_missing."""
-    hw = as_dataclass(cfg_hw, HardwareConfig, "hardware")
-    hw.validate()
-    if not hw.profile_path:
-        return hw
-    from harness import profiling  # measuring pulls in timing code only hardware=local needs
-
-    path = Path(hw.profile_path)
-    shape = expert_shape(geometry)
-    profile = profiling.read_profile(path)
-    if profile is None or shape not in profile["shapes"]:
-        if not hw.profile_if_missing:
-            raise HarnessError(
-                f"hardware profile {path} has no entry for expert shape {shape}; "
-                "set hardware.profile_if_missing=true to measure this machine"
-            )
-        profile = profiling.profile_local(geometry, path)
-    entry = profile["shapes"][shape]
-    updates: dict[str, Any] = {
-        "cpu_table_shape": shape,
-        "cpu_table_tokens": [int(t) for t in entry["cpu_table_tokens"]],
-        "cpu_table_seconds": [float(s) for s in entry["cpu_table_seconds"]],
-        "measured": "cpu",
-    }
-    if entry.get("gpu"):
-        updates.update({k: float(v) for k, v in entry["gpu"].items()})
-        updates["measured"] = "cpu,gpu,pcie"
-    merged = HardwareConfig(**{**asdict(hw), **updates})
-    merged.validate()
-    return merged

@@ -8,15 +8,23 @@ Blocks are aligned at position 0: the prompt's whole blocks are context, and its
 partial block is decoded together with the first generated tokens. Within a block every
 masked position whose confidence exceeds `threshold` is taken; if that is fewer than the
 step's share of the schedule, the most confident ones are taken instead.
+
+The schedule is the reference `generate`'s (the published LLaDA2 modeling code): steps
+are clamped to gen_length, and block_length (not the block's masked count) is spread over
+them, so a first block that the prompt partly fills takes whole shares and may finish in
+fewer steps. A block stops when it has no masked position left.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch
+
+from harness.errors import HarnessError
 
 ForwardKind = Literal["prefill", "denoise", "commit"]
 
@@ -40,16 +48,45 @@ class StepInfo:
     kind: ForwardKind = "denoise"
 
 
-@dataclass(frozen=True)
+CACHE_MODES = ("prefix", "none")
+
+
+@dataclass
 class DecodeSettings:
+    """The decode settings, and the schema of the `decode` config node (harness/config.py):
+    conf/decode/*.yaml take block_length and steps from the top-level `block`."""
+
     gen_length: int = 32
     block_length: int = 32
     steps: int = 32  # denoising steps per block
     threshold: float = 0.95
     temperature: float = 0.0
-    cache: Literal["prefix", "none"] = "prefix"
+    cache: str = "prefix"  # prefix: cache finished blocks' K/V | none: recompute the window each step
     eos_early_stop: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Range and choice checks; each failure is one line naming the key and what is allowed."""
+        _require(self.gen_length > 0, f"decode.gen_length={self.gen_length} must be a positive number of tokens")
+        _require(self.block_length > 0,
+                 f"decode.block_length={self.block_length} must be positive (32 or 64 in the paper)")
+        _require(
+            1 <= self.steps <= self.block_length,
+            f"decode.steps={self.steps} cannot serve decode.block_length={self.block_length}: "
+            "steps per block must be between 1 and block_length",
+        )
+        _require(0 < self.threshold <= 1, f"decode.threshold={self.threshold} must be in (0, 1]")
+        _require(math.isfinite(self.temperature),
+                 f"decode.temperature={self.temperature} must be a finite number >= 0 (0 = argmax; inf would "
+                 "sample uniformly)")
+        _require(self.temperature >= 0, f"decode.temperature={self.temperature} must be >= 0 (0 = argmax)")
+        _require(0 <= self.seed <= 2**63 - 1, f"decode.seed={self.seed} must be in [0, 2**63-1]")
+        _require(self.cache in CACHE_MODES, f"decode.cache={self.cache!r} is not allowed; use prefix or none")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise HarnessError(message)
 
 
 @dataclass
@@ -80,10 +117,16 @@ class Model(Protocol):
 OnForward = Callable[[StepInfo, int, int], None]
 
 
-def transfer_schedule(n_masked: int, steps: int) -> list[int]:
-    """Spread n_masked tokens evenly over the steps, earlier steps taking the remainder."""
-    base, rem = divmod(n_masked, steps)
+def transfer_schedule(n_tokens: int, steps: int) -> list[int]:
+    """Spread n_tokens evenly over the steps, earlier steps taking the remainder."""
+    base, rem = divmod(n_tokens, steps)
     return [base + (1 if s < rem else 0) for s in range(steps)]
+
+
+def steps_per_block(settings: DecodeSettings) -> int:
+    """The reference clamps the steps to gen_length (`min(steps, gen_length // minimal_topk)`
+    with minimal_topk=1): a 16-token generation gets at most 16 steps per block."""
+    return min(settings.steps, settings.gen_length)
 
 
 def pick_tokens(
@@ -152,6 +195,8 @@ def decode(
         raise ValueError("cache='prefix' needs new_cache")
     generator = torch.Generator().manual_seed(settings.seed) if settings.temperature > 0 else None
     fwd = _Forwarder(model, lb, prompt_index, first_global_step, on_forward)
+    steps = steps_per_block(settings)
+    schedule = transfer_schedule(lb, steps)  # the same for every block, as the reference
 
     if use_cache and first_block > 0:  # the prompt's whole blocks: computed once, then cached
         end = first_block * lb
@@ -161,9 +206,8 @@ def decode(
     for b in range(first_block, n_blocks):
         start, end = b * lb, (b + 1) * lb
         is_first = b == first_block
-        schedule = transfer_schedule(int((x[start:end] == mask_id).sum()), settings.steps)
         steps_taken = 0
-        for s in range(settings.steps):
+        for s in range(steps):
             masked = x[start:end] == mask_id
             if not bool(masked.any()):
                 break

@@ -2,20 +2,21 @@
 
 A system only answers `plan(layer, load, hint, resident)`; the engine owns residency
 (per layer a set of at most B experts on the GPU), checks every plan against the rules
-(harness/plan_rules.py), applies it, counts what it implies and charges it with the cost
-model's forward timeline (harness/cost.py). It needs no weights: `plan_layer` is the
+(harness/plan_rules.py), applies it, and records what it implies in its ledger
+(harness/ledger.py: counters, the forward timeline of the cost model, the step series,
+charged in batches of forwards). It needs no weights: `plan_layer` is the
 replay API, and `run_experts` (the live MoE layer's entry) adds the numerics.
 
 One layer is two halves, `plan_layer(layer, load, hint) = decide + account`:
 
     plan, pending = engine.decide(layer, load, hint)   # System.plan, validation, residency
     ...                                                 # an executor launches the GPU work
-    engine.account(pending)                             # counters, cost-model charges
+    engine.account(pending)                             # the layer's outcome into the ledger
 
 `decide` does everything an executor needs before it runs the layer: it records the
 trace, asks the system, checks the plan and moves residency (this layer's and, for a
 prefetch, the next one's), so `resident` already holds the layer's outcome when it
-returns. `account` adds the layer's counters and charges it on the forward timeline; it
+returns. `account` records the layer's outcome in the ledger (a few array writes); it
 reads nothing `decide` has not fixed, so an executor may run it while the GPU kernels
 run. At most one layer is pending: `decide` refuses while one is, and `end_step` refuses
 to close a forward with one. Results are the same bits whichever way a layer is driven.
@@ -31,13 +32,12 @@ Rules a plan must keep: listed in harness/plan_rules.py, whose `PlanRules.check`
 layer's GPU time is its slowest GPU's.
 
 Counters: a missed pair is a routed token-expert pair whose expert was not resident when
-the layer started (for a system with free movement, the oracle, after its free moves);
+the layer started (for a plan whose moves are free, the oracle's, after its moves);
 io_bytes counts every charged host->GPU copy (sync, scratch, async, prefetch).
 
 Speed: the bookkeeping runs once per layer of every forward, so it works on plain Python
-ints and sets and numpy views of the load, never indexes a tensor with a list, and sums
-expert times with `CostModel.gpu_expert_total` / `cpu_expert_total` (the bits of summing
-the cost model's vector functions in torch, without building those tensors).
+ints and sets and numpy views of the load, never indexes a tensor with a list, and leaves
+all arithmetic to the ledger, which charges a batch of forwards in a few array passes.
 
 Lossless: `run_experts` computes every routed expert with one call of
 `compute_routed_experts` in canonical order, so on one device every placement gives the
@@ -47,14 +47,15 @@ bits of gpu_only; placement changes only what is charged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
 import numpy as np
 import torch
 
-from harness.cost import CostModel, ForwardTimeline
+from harness.cost import CostModel
+from harness.ledger import Counters, Ledger
 from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, HintFn, compute_routed_experts, expert_load
 from harness.plan_rules import PlanError, PlanRules
@@ -64,46 +65,24 @@ from systems.base import LayerPlan, PrepareContext, StepInfo, System
 
 __all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in harness/plan_rules.py
 
-_NO_LOADS = np.zeros(0, np.int64)
 
 
 @dataclass(eq=False, slots=True)
 class PendingLayer:
     """A layer `OffloadEngine.decide` has decided (plan checked, residency moved) and
-    `OffloadEngine.account` has still to count and charge. Read-only for callers."""
+    `OffloadEngine.account` has still to record. Read-only for callers."""
 
     layer: int
     plan: LayerPlan
     load: torch.Tensor  # int64 [E] on the CPU: tokens routed to each expert
-    gpu: list[int]  # experts computed on the GPU, ascending
-    cpu: list[int]  # experts computed on the CPU, ascending
-    missing: list[int]  # routed experts not resident when the layer started (free movement: after its moves)
+    loads: np.ndarray  # the same, as numpy (a view)
+    gpu: np.ndarray  # bool [E]: experts computed on the GPU (every other routed one: the CPU)
+    missed: np.ndarray  # bool [E]: routed experts not resident when the layer started (free moves: after them)
     n_scratch: int
     n_cached_sync: int  # sync fetches that stay resident
-    async_targets: list[tuple[int, int]] = field(default_factory=list)  # (layer, expert) copies issued
+    async_targets: list[tuple[int, int]]  # (layer, expert) copies issued
     plan_s: float = 0.0  # host seconds inside System.plan
     engine_s: float = 0.0  # host seconds of decide's own work
-    _loads: np.ndarray | None = None  # numpy view of `load`
-    _gpu_index: Any = None  # picks the GPU experts' loads from _loads
-    _cpu_index: Any = None
-    _scratch: set[int] | frozenset[int] = frozenset()  # plan.scratch as a set
-
-
-@dataclass
-class _Counters:
-    routed_pairs: int = 0
-    missed_pairs: int = 0
-    cpu_expert_tokens: int = 0
-    copies_sync: int = 0
-    copies_async: int = 0
-    copies_scratch: int = 0
-    copies_free: int = 0
-    time_gpu_experts_s: float = 0.0
-    time_cpu_experts_s: float = 0.0
-    time_copies_s: float = 0.0
-    time_non_expert_s: float = 0.0
-    busy_cpu_experts_s: float = 0.0
-    busy_copies_s: float = 0.0
 
 
 class OffloadEngine:
@@ -130,18 +109,17 @@ class OffloadEngine:
         # gpu_only ignores the budget: it is the all-resident reference, not an offloader.
         self.capacity = self.n_experts if system.ignores_budget else experts_per_layer
         self.rules = PlanRules(system.name, self.n_experts, self.n_layers, self.capacity, self.topology)
-        self.free_movement = system.free_movement
         self.cost = cost
         self.trace = trace
         # a recorded trace carries next-layer hints so that replays of hint-using systems
         # (prefetching) see what they would have seen live
         self.record_hints = trace is not None
-        self.resident: list[set[int]] = []
-        self.counters = _Counters()
-        self.step_series: list[dict[str, Any]] = []
-        self._timeline: ForwardTimeline | None = None
+        self._resident: list[set[int]] = []
+        self._held = np.zeros((self.n_layers, self.n_experts), bool)  # the same, as masks
+        self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap)
         self._step: StepInfo | None = None
-        self._step_routed = self._step_missed = 0
+        self._rows = 0  # layers recorded in the open forward
+        self._landings: dict[int, dict[int, tuple[int, int]]] = {}  # layer -> expert -> (row, copies)
         self._prepared = False
         self._pending: PendingLayer | None = None  # decided, not yet accounted
         self._host_plan_s = self._host_engine_s = 0.0
@@ -158,44 +136,55 @@ class OffloadEngine:
         self.resident = [set(experts) for experts in initial]
         self._prepared = True
 
+    @property
+    def resident(self) -> list[set[int]]:
+        """Per MoE layer, the experts on the GPU (read-only: the engine moves them)."""
+        return self._resident
+
+    @resident.setter
+    def resident(self, sets: list[set[int]]) -> None:
+        self._resident = sets
+        self._held[:] = False
+        for layer, experts in enumerate(sets):
+            self._held[layer, list(experts)] = True
+
     def begin_step(self, step: StepInfo, n_tokens: int, n_context: int) -> None:
         if not self._prepared:
             raise RuntimeError("OffloadEngine.prepare(calibration) must run before the first step")
-        if self._timeline is not None:
+        if self._step is not None:
             self.end_step()
         self.system.on_step(step)
         self._step = step
-        self._timeline = ForwardTimeline(self.cost, n_tokens, n_context)
-        self.counters.time_non_expert_s += self._timeline.parts.total
-        self._step_routed = self._step_missed = 0
+        self._rows = 0
+        self._landings = {}
+        self.ledger.begin_forward(step, n_tokens, n_context)
         if self.trace is not None:
             self.trace.add_step(step, n_tokens, n_context)
 
     def end_step(self) -> None:
-        if self._timeline is None or self._step is None:
+        if self._step is None:
             return
         if self._pending is not None:
             raise RuntimeError(
                 f"end_step with layer {self._pending.layer} decided but not accounted: call account(pending) first"
             )
-        total = self._timeline.finish()
-        self.counters.time_copies_s += self._timeline.drain_s
-        step = self._step
-        self.step_series.append(
-            {
-                "global_step": step.global_step,
-                "prompt": step.prompt,
-                "kind": step.kind,
-                "block": step.block,
-                "step": step.step,
-                "routed_pairs": self._step_routed,
-                "missed_pairs": self._step_missed,
-                "miss_rate": self._step_missed / self._step_routed if self._step_routed else 0.0,
-                "modeled_latency_s": total,
-            }
-        )
-        self._timeline = None
+        start = perf_counter()
+        self.ledger.end_forward()  # charges a batch of forwards now and then: part of the engine's time
+        self._host_engine_s += perf_counter() - start
         self._step = None
+
+    @property
+    def in_forward(self) -> bool:
+        """Whether a forward is open (begin_step without its end_step yet)."""
+        return self._step is not None
+
+    @property
+    def counters(self) -> Counters:
+        return self.ledger.counters_now()
+
+    @property
+    def step_series(self) -> list[dict[str, Any]]:
+        return self.ledger.step_series()
 
     # ---- one MoE layer -----------------------------------------------------------------
     def plan_layer(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> LayerPlan:
@@ -213,30 +202,29 @@ class OffloadEngine:
         again (a view of `load` when that already is an int64 CPU vector): leave it as it
         is until then."""
         start = perf_counter()
-        if self._timeline is None:
+        if self._step is None:
             raise RuntimeError("plan_layer/decide outside begin_step/end_step")
         if self._pending is not None:
             raise RuntimeError(
                 f"decide(layer {layer}) while layer {self._pending.layer} is decided but not accounted: "
                 "call account(pending) first"
             )
-        load = load.detach().to("cpu", torch.long).flatten()
+        if load.dtype != torch.long or load.device.type != "cpu" or load.dim() != 1:
+            load = load.detach().to("cpu", torch.long).flatten()
         if self.trace is not None:
             self.trace.record(layer, load, hint)
-        resident = self.resident[layer]
         system = self.system
-        held = frozenset(resident)
         plan_start = perf_counter()
-        plan = system.plan(layer, load, hint if system.wants_hint else None, held)
+        plan = system.plan(layer, load, hint if system.wants_hint else None, frozenset(self._resident[layer]))
         plan_s = perf_counter() - plan_start
         # checks read residency as it is before the plan; `_move` then applies the plan
-        gpu, cpu, missing, scratch, loads, gpu_index, cpu_index = self.rules.check(layer, load, plan, self.resident)
-        pending = PendingLayer(
-            layer, plan, load, gpu, cpu, missing, len(scratch), 0,
-            _loads=loads, _gpu_index=gpu_index, _cpu_index=cpu_index, _scratch=scratch,
-        )
-        self._move(pending, resident)
-        pending.plan_s = plan_s
+        loads, gpu, routed, scratch = self.rules.check(layer, load, plan, self._resident, self._held[layer])
+        held = self._held[layer]
+        missed = None if plan.free_moves else routed & ~held
+        n_cached, async_targets = self._move(layer, plan, scratch)
+        if missed is None:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
+            missed = routed & ~held
+        pending = PendingLayer(layer, plan, load, loads, gpu, missed, len(scratch), n_cached, async_targets, plan_s)
         self._pending = pending
         pending.engine_s = perf_counter() - start - plan_s
         return plan, pending
@@ -259,42 +247,33 @@ class OffloadEngine:
         return compute_routed_experts(x, topk_idx, topk_w, experts)
 
     # ---- apply and charge --------------------------------------------------------------
-    def _move(self, pending: PendingLayer, resident: set[int]) -> None:
+    def _move(self, layer: int, plan: LayerPlan, scratch: set[int] | frozenset[int]) -> tuple[int, list]:
         """Apply a checked plan's moves to residency (this layer's and, for a prefetch,
-        the next one's) and note the misses: routed experts not resident when the layer
-        started (with free movement: not resident after the plan's moves)."""
-        plan, layer = pending.plan, pending.layer
-        fetch_sync = plan.fetch_sync
-        if pending.n_scratch:
-            scratch = pending._scratch
-            cached_sync = [e for e in fetch_sync if e not in scratch]
-        else:
-            cached_sync = list(fetch_sync)
-        free = self.free_movement
-        if not free:  # GPU misses were found by the check; the CPU's are the non-resident ones
-            cpu_missing = [e for e in pending.cpu if e not in resident]
-            if cpu_missing:
-                pending.missing = pending.missing + cpu_missing
+        the next one's). Returns the sync fetches that stay resident and the async copies
+        issued, as (layer, expert)."""
+        resident, held = self._resident[layer], self._held[layer]
+        cached_sync = [e for e in plan.fetch_sync if e not in scratch] if scratch else plan.fetch_sync
         if plan.evict:
             resident.difference_update(plan.evict)
-        resident.update(cached_sync)
-        resident.update(plan.fetch_async)
-        if free:  # the oracle's moves land before the layer: it misses only what it leaves out
-            pending.missing = [e for e in pending.gpu if e not in resident] + [
-                e for e in pending.cpu if e not in resident
-            ]
+            held[plan.evict] = False
+        for arrived in (cached_sync, plan.fetch_async):
+            if arrived:
+                resident.update(arrived)
+                held[arrived] = True
         async_targets = [(layer, e) for e in plan.fetch_async]
         if plan.prefetch or plan.prefetch_evict:
-            nxt = self.resident[layer + 1]
+            nxt, nxt_held = self._resident[layer + 1], self._held[layer + 1]
             nxt.difference_update(plan.prefetch_evict)
+            nxt_held[plan.prefetch_evict] = False
             nxt.update(plan.prefetch)
+            nxt_held[plan.prefetch] = True
             async_targets += [(layer + 1, e) for e in plan.prefetch]
-        pending.async_targets = async_targets
-        pending.n_cached_sync = len(cached_sync)
+        return len(cached_sync), async_targets
 
     def account(self, pending: PendingLayer) -> None:
-        """The second half of a layer: add its counters and charge it on the forward's
-        timeline. Takes the `pending` the last `decide` returned, exactly once."""
+        """The second half of a layer: record its outcome in the ledger (counters and the
+        forward's timeline are charged from it). Takes the `pending` the last `decide`
+        returned, exactly once."""
         start = perf_counter()
         if pending is not self._pending:
             raise RuntimeError(
@@ -302,41 +281,42 @@ class OffloadEngine:
                 + (f" (layer {self._pending.layer} is pending)" if self._pending is not None else "")
             )
         self._pending = None
-        c, plan, loads = self.counters, pending.plan, pending._loads
-        assert loads is not None and self._timeline is not None
-        free = self.free_movement
-        pairs = int(loads.sum())  # only routed experts have tokens
-        missed = int(loads[pending.missing].sum()) if pending.missing else 0
-        cpu_loads = loads[pending._cpu_index] if pending.cpu else _NO_LOADS
+        plan = pending.plan
+        free = plan.free_moves
         n_scratch, n_cached = pending.n_scratch, pending.n_cached_sync
-        async_targets = pending.async_targets
-        n_sync = n_scratch if free else len(plan.fetch_sync)
-        c.routed_pairs += pairs
-        c.missed_pairs += missed
-        self._step_routed += pairs
-        self._step_missed += missed
-        c.cpu_expert_tokens += int(cpu_loads.sum()) if pending.cpu else 0
-        c.copies_scratch += n_scratch
-        c.copies_sync += 0 if free else n_cached
-        c.copies_free += n_cached if free else 0
-        c.copies_async += len(async_targets)
+        gpu_s = float("nan")
         if self.topology.multi:  # the GPUs run their experts concurrently: the slowest one counts
             assert plan.device is not None
             gpu_s = self.topology.layer_time(self.cost, pending.load, plan.device)
-        else:
-            gpu_s = self.cost.gpu_expert_total(loads[pending._gpu_index]) if pending.gpu else 0.0
-        cpu_s = self.cost.cpu_expert_total(cpu_loads)
-        timing = self._timeline.charge_layer(
-            pending.layer, gpu_s, cpu_s, n_sync, pending.gpu, async_targets, self.system.overlap
+        self.ledger.record_layer(
+            pending.loads, pending.gpu, pending.missed, 0 if free else n_cached, n_scratch, n_cached if free else 0,
+            len(pending.async_targets), self._landing_wait(pending), gpu_s,
         )
-        c.time_gpu_experts_s += timing.gpu_s
-        c.time_cpu_experts_s += timing.cpu_s
-        c.time_copies_s += timing.copies_s
-        c.busy_cpu_experts_s += cpu_s
-        c.busy_copies_s += self.cost.copy_time(n_sync + len(async_targets))
         self._host_plan_s += pending.plan_s
         self._host_layer_steps += 1
         self._host_engine_s += pending.engine_s + (perf_counter() - start)
+
+    def _landing_wait(self, pending: PendingLayer) -> tuple[int, int]:
+        """The async copies this layer's GPU experts wait for, as (row of this forward
+        that issued them, how many of its copies must have landed); notes the copies this
+        layer issues for the layers after it."""
+        row = self._rows
+        self._rows += 1
+        in_flight = self._landings.pop(pending.layer, None)
+        wait = (0, 0)
+        if in_flight:
+            gpu = pending.gpu
+            used = [at for e, at in in_flight.items() if gpu[e]]
+            if used:
+                if len({r for r, _ in used}) > 1:
+                    raise RuntimeError(
+                        f"layer {pending.layer}: its GPU experts wait for async copies issued by two layers "
+                        "of this forward; layers must be planned once each, in order"
+                    )
+                wait = max(used)
+        for i, (target, e) in enumerate(pending.async_targets):
+            self._landings.setdefault(target, {})[e] = (row, i + 1)
+        return wait
 
     def host_seconds(self) -> dict[str, float | int]:
         """Wall-clock host seconds of this process since the engine was made: inside
@@ -355,6 +335,7 @@ class OffloadEngine:
 
     def summary(self) -> dict[str, Any]:
         c = self.counters
+        step_series = self.ledger.step_series()
         copies = c.copies_sync + c.copies_async + c.copies_scratch
         io_bytes = int(copies * self.cost.expert_bytes)
         modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
@@ -364,7 +345,7 @@ class OffloadEngine:
             "n_gpus": self.topology.n_gpus,
             "experts_per_layer": self.experts_per_layer,
             "capacity": self.capacity,
-            "forwards": len(self.step_series),
+            "forwards": len(step_series),
             "routed_pairs": c.routed_pairs,
             "missed_pairs": c.missed_pairs,
             "miss_rate": c.missed_pairs / c.routed_pairs if c.routed_pairs else 0.0,
@@ -382,20 +363,18 @@ class OffloadEngine:
             "busy_cpu_experts_s": c.busy_cpu_experts_s,
             "busy_copies_s": c.busy_copies_s,
             "modeled_time_s": modeled,
-            "step_series": list(self.step_series),
+            "step_series": list(step_series),
         }
 
     # ---- replay ------------------------------------------------------------------------
     def replay(self, trace: RoutingTrace) -> dict[str, Any]:
-        """Run the system over a recorded trace (no weights), with the tokens and context
-        the trace recorded per forward; where it recorded none (0), tokens come from the
-        loads (every token routes to top_k experts) and the context equals them."""
+        """Run the system over a recorded trace (no weights), layer by layer as a live run
+        plans, with the tokens and context `RoutingTrace.forward_size` gives each forward.
+        harness/batch_replay.py replays systems that plan in batch faster, to the same bits."""
         loads = trace.loads
         top_k = self.geometry.num_experts_per_tok
         for s, step in enumerate(trace.steps):
-            from_loads = -(-int(loads[s].sum(-1).max()) // top_k) if loads.shape[1] else 0
-            n_tokens = trace.n_tokens[s] or from_loads
-            self.begin_step(step, n_tokens, trace.n_context[s] or n_tokens)
+            self.begin_step(step, *trace.forward_size(s, top_k))
             rows = loads[s].to(torch.long).unbind(0)  # one conversion per forward, not per layer
             for layer in range(self.n_layers):
                 wants = self.system.wants_hint and layer + 1 < self.n_layers

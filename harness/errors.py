@@ -6,8 +6,10 @@ so every message must name the problem and the fix on its own.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -24,3 +26,23 @@ def exit_with(main: Callable[[list[str]], int], argv: list[str]) -> NoReturn:
         print(f"error: {exc}", file=sys.stderr)
         code = 2
     sys.exit(code)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are a HarnessError (one line, exit 2 through
+    `exit_with`) instead of a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise HarnessError(f"{self.prog}: {message}; see {self.prog} --help")
+
+
+def check_output_dir(path: str | Path, key: str) -> Path:
+    """A directory that can be created or already is one (not a file, not under a file)."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "is a file" if candidate == path else f"is under {candidate}, which is a file"
+                raise HarnessError(f"{key}={path} {where}; give a directory for the output files")
+            break
+    return path

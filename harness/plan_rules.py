@@ -37,9 +37,8 @@ INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _NO_IDS: frozenset[int] = frozenset()
 _INT_TYPE = {int}
 
-# What `PlanRules.check` returns for a valid plan: (gpu, cpu, gpu_missing, scratch, loads,
-# gpu_index, cpu_index); see there.
-CheckedPlan = tuple[list[int], list[int], list[int], set[int] | frozenset[int], np.ndarray, Any, Any]
+# What `PlanRules.check` returns for a valid plan: (loads, gpu, routed, scratch); see there.
+CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, set[int] | frozenset[int]]
 
 
 class PlanError(AssertionError):
@@ -48,14 +47,13 @@ class PlanError(AssertionError):
         self.system, self.layer, self.rule = system, layer, rule
 
 
-def _mask_ids(mask: torch.Tensor) -> tuple[list[int], np.ndarray | list[int]]:
-    """The set entries of a bool [E] mask, ascending, and an index that picks them from
-    a numpy array of E values (the mask itself as numpy, on the CPU)."""
-    if mask.device.type == "cpu":
-        flags = mask.numpy()
-        return flags.nonzero()[0].tolist(), flags
-    ids = torch.nonzero(mask).flatten().tolist()
-    return ids, ids
+def _flags(mask: torch.Tensor) -> np.ndarray:
+    """A bool [E] tensor as numpy (a view on the CPU)."""
+    return mask.numpy() if mask.device.type == "cpu" else mask.cpu().numpy()
+
+
+def _ids(flags: np.ndarray) -> list[int]:
+    return np.flatnonzero(flags).tolist()
 
 
 class PlanRules:
@@ -104,17 +102,18 @@ class PlanRules:
             self._fail(layer, "duplicate", f"{name} lists an expert twice")
         return set(items)
 
-    def check(self, layer: int, load: torch.Tensor, plan: LayerPlan, residency: list[set[int]]) -> CheckedPlan:
+    def check(self, layer: int, load: torch.Tensor, plan: LayerPlan, residency: list[set[int]],
+              held: np.ndarray) -> CheckedPlan:
         """Every rule, in this order (the first broken one raises). `load` is the layer's
         int64 [E] load on the CPU, `residency` the engine's resident experts per layer
-        before the plan (this layer's and, for a prefetch, the next one's; read, never
-        changed). Each test is the set rule itself, written for the common case (few
-        moves) so that a valid plan costs a few list and set operations.
+        before the plan (this layer's and, for a prefetch, the next one's) and `held` this
+        layer's as a bool [E] mask (both read, never changed). Each test is the rule itself,
+        written for the common case (few moves) so that a valid plan costs a few array and
+        set operations.
 
-        Returns, for a valid plan: the experts computed on the GPU and on the CPU
-        (ascending lists), the GPU experts not resident now (each fetched sync: this
-        layer's GPU misses), plan.scratch as a set, the load as numpy (a view), and an
-        index each that picks the GPU and the CPU experts' loads from it."""
+        Returns, for a valid plan: the load as numpy (a view), the experts computed on
+        the GPU and the routed experts (bool [E] masks; every routed expert not on the
+        GPU computes on the CPU) and plan.scratch as a set."""
         resident = residency[layer]
         E = self.n_experts
         for name in ("gpu", "cpu"):
@@ -122,19 +121,16 @@ class PlanRules:
             if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (E,)):
                 self._fail(layer, "shape", f"plan.{name} must be a bool tensor [{E}]")
         loads = load.numpy()
-        routed = (loads > 0).nonzero()[0].tolist()
-        gpu, gpu_index = _mask_ids(plan.gpu)
-        cpu, cpu_index = _mask_ids(plan.cpu)
-        if loads.shape[0] != E:  # the masks cannot pick from a load of another length
-            gpu_index, cpu_index = gpu, cpu
+        routed = loads > 0
+        gpu, cpu = _flags(plan.gpu), _flags(plan.cpu)
         sync = self._check_list(layer, "fetch_sync", plan.fetch_sync)
         asyn = self._check_list(layer, "fetch_async", plan.fetch_async)
         scratch = self._check_list(layer, "scratch", plan.scratch)
         evict = self._check_list(layer, "evict", plan.evict)
-        # gpu and cpu (ascending, no repeats) split the routed experts exactly when the
-        # ascending merge of both is the routed list
-        if (sorted(gpu + cpu) if cpu else gpu) != routed:
-            self._check_routing(layer, set(routed), set(gpu), set(cpu))
+        # gpu and cpu split the routed experts exactly when, per expert, they are set as
+        # many times (0 or 1) as it is routed
+        if loads.shape[0] != E or not (gpu.view(np.uint8) + cpu.view(np.uint8) == routed).all():
+            self._check_routing(layer, set(_ids(routed)), set(_ids(gpu)), set(_ids(cpu)))
         if evict and not resident.issuperset(evict):
             self._fail(layer, "evict-not-resident", f"experts {sorted(evict - resident)[:5]}")
         if (sync or asyn) and (
@@ -146,29 +142,27 @@ class PlanRules:
                 f"experts {sorted(((sync | asyn) & resident) | (sync & asyn))[:5]}"
                 " are already resident or fetched twice",
             )
-        gpu_set = set(gpu) if scratch or evict else _NO_IDS
         if not scratch <= sync:
             self._fail(
                 layer, "scratch-not-sync", f"scratch experts {sorted(scratch - sync)[:5]} not in fetch_sync"
             )
-        if not scratch <= gpu_set:
+        if scratch and not all(gpu[e] for e in scratch):
             self._fail(
-                layer, "scratch-not-gpu", f"scratch experts {sorted(scratch - gpu_set)[:5]} not computed on GPU"
+                layer, "scratch-not-gpu",
+                f"scratch experts {sorted(e for e in scratch if not gpu[e])[:5]} not computed on GPU",
             )
-        if not gpu_set.isdisjoint(evict):
-            self._fail(layer, "evicted-computed-on-gpu", f"experts {sorted(evict & gpu_set)[:5]}")
-        # GPU experts not resident now: each must be fetched sync; they are this layer's GPU misses
-        if resident.issuperset(gpu):
-            gpu_missing: list[int] = []
-        else:
-            not_resident = (gpu_set or set(gpu)) - resident
-            if not not_resident <= sync:
+        if evict and any(gpu[e] for e in evict):
+            self._fail(layer, "evicted-computed-on-gpu", f"experts {sorted(e for e in evict if gpu[e])[:5]}")
+        # GPU experts not resident now must each be fetched sync (they are this layer's GPU misses)
+        not_resident = gpu & ~held
+        if not_resident.any():
+            ids = set(_ids(not_resident))
+            if not ids <= sync:
                 self._fail(
                     layer,
                     "gpu-not-resident",
-                    f"experts {sorted(not_resident - sync)[:5]} neither resident nor fetched sync",
+                    f"experts {sorted(ids - sync)[:5]} neither resident nor fetched sync",
                 )
-            gpu_missing = list(not_resident)
         # len(resident - evict) + len(sync - scratch) + len(asyn): evict is resident and
         # scratch is sync (both checked above), and no list repeats an expert
         kept = len(resident) - len(evict) + len(sync) - len(scratch) + len(asyn)
@@ -177,8 +171,8 @@ class PlanRules:
         if plan.prefetch or plan.prefetch_evict:
             self._check_prefetch(layer, plan, residency)
         if self.topology.multi:
-            self._check_devices(layer, plan, set(cpu))
-        return gpu, cpu, gpu_missing, scratch, loads, gpu_index, cpu_index
+            self._check_devices(layer, plan, set(_ids(cpu)))
+        return loads, gpu, routed, scratch
 
     def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
         """The three rules on where the routed experts compute; called once one is broken."""

@@ -6,7 +6,7 @@ miss does; the fastest of a few calls, then made non-decreasing by `suffix_min`)
 CUDA is present, times the GPU expert at 1..4096 tokens and the HBM bandwidth, fits the
 cost model's GPU roofline through them (`fit_gpu_roofline`), and times pinned
 host->device copies of whole experts on a copy stream. Results go into one JSON file with
-an entry per expert shape, written atomically; `harness.cost.load_hardware` reads it.
+an entry per expert shape, written atomically; `load_hardware` (below) reads it.
 Takes seconds.
 """
 
@@ -20,12 +20,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.cost import BYTES_PER_PARAM, expert_shape, suffix_min
+from harness.cost import BYTES_PER_PARAM, HardwareConfig, expert_shape, suffix_min
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
 from harness.results import write_json_atomic
@@ -186,7 +187,7 @@ def _measure_gpu(geometry: LLaDA2Config) -> dict[str, Any]:
     fitted = fit_gpu_roofline(geometry, GPU_PROFILE_TOKENS, latency, _hbm_gbps())
     pcie_gbps, pcie_latency_us = _pcie(geometry)
     return {
-        # `gpu` holds HardwareConfig fields only: harness.cost.load_hardware merges it as is
+        # `gpu` holds HardwareConfig fields only: load_hardware merges it as is
         "gpu": {**fitted, "pcie_gbps": pcie_gbps, "pcie_latency_us": pcie_latency_us},
         "gpu_table_tokens": list(GPU_PROFILE_TOKENS),
         "gpu_table_seconds": latency,
@@ -235,3 +236,31 @@ def read_profile(path: Path) -> dict[str, Any] | None:
     if profile.get("version") != PROFILE_VERSION or not isinstance(profile.get("shapes"), dict):
         raise HarnessError(f"hardware profile {path} has an unknown format; delete it to re-profile")
     return profile
+
+def load_hardware(hw: HardwareConfig, geometry: LLaDA2Config) -> HardwareConfig:
+    """The profile a run is charged with: `hw` itself for a static profile; for one
+    with `profile_path` (hardware=local) the measured figures, profiling this machine
+    first when the file (or this expert shape in it) is missing and profile_if_missing."""
+    if not hw.profile_path:
+        return hw
+    path = Path(hw.profile_path)
+    shape = expert_shape(geometry)
+    profile = read_profile(path)
+    if profile is None or shape not in profile["shapes"]:
+        if not hw.profile_if_missing:
+            raise HarnessError(
+                f"hardware profile {path} has no entry for expert shape {shape}; "
+                "set hardware.profile_if_missing=true to measure this machine"
+            )
+        profile = profile_local(geometry, path)
+    entry = profile["shapes"][shape]
+    updates: dict[str, Any] = {
+        "cpu_table_shape": shape,
+        "cpu_table_tokens": [int(t) for t in entry["cpu_table_tokens"]],
+        "cpu_table_seconds": [float(s) for s in entry["cpu_table_seconds"]],
+        "measured": "cpu",
+    }
+    if entry.get("gpu"):
+        updates.update({k: float(v) for k, v in entry["gpu"].items()})
+        updates["measured"] = "cpu,gpu,pcie"
+    return HardwareConfig(**{**asdict(hw), **updates})  # checked again in __post_init__

@@ -18,26 +18,52 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig
 
 from harness.artifacts import calibration_trace, workload_trace
+from harness.batch_replay import replay_trace
+from harness.config import HarnessConfig
 from harness.errors import HarnessError
-from harness.fast_replay import replay_fast_or_exact
 from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometry
-from harness.results import write_json_atomic
-from harness.run import build_result, decode_settings, setup_run
+from harness.result import RunIdentity, RunResult
+from harness.run import build_result, setup_run
 from harness.trace import RoutingTrace
-from harness.workload import load_prompts
+from harness.workload import load_prompts, workload_record
 
 
-def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path) -> None:
-    if (trace.n_layers, trace.n_experts) != (geometry.n_moe_layers, geometry.num_experts):
+def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path, model: str = "?") -> None:
+    """The trace was recorded with this model's geometry (MoE layers x experts, and the
+    geometry it stored when it has one): a trace of another model is refused by name."""
+    recorded = trace.meta.get("model", "?") if isinstance(trace.meta.get("model"), str) else "?"
+    same_shape = (trace.n_layers, trace.n_experts) == (geometry.n_moe_layers, geometry.num_experts)
+    stored = trace.geometry
+    same_geometry = all(stored.get(k, getattr(geometry, k)) == getattr(geometry, k) for k in GEOMETRY_KEYS)
+    if not (same_shape and same_geometry):
         raise HarnessError(
-            f"trace {path} has {trace.n_layers} MoE layers x {trace.n_experts} experts but model="
-            f"{trace.meta.get('model', '?')} is configured; replay it with the model it was recorded with"
+            f"trace {path} was recorded with model={recorded} ({trace.n_layers} MoE layers x {trace.n_experts} "
+            f"experts) but model={model} ({geometry.n_moe_layers} x {geometry.num_experts}) is configured; "
+            "replay it with the model it was recorded with"
         )
+
+
+GEOMETRY_KEYS = ("num_hidden_layers", "first_k_dense_replace", "num_experts", "num_experts_per_tok")
+
+
+def meta_count(trace: RoutingTrace, key: str, path: Path) -> int:
+    """An integer the trace's meta records (prompts, tokens, steps); 0 when absent."""
+    value = trace.meta.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HarnessError(f"trace {path} records {key}={value!r} in its meta; record it again")
+    return value
+
+
+def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
+    """Denoising steps per block the trace was decoded with (its meta's decode.steps)."""
+    decode = trace.meta.get("decode", {})
+    steps = decode.get("steps", default) if isinstance(decode, dict) else None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise HarnessError(f"trace {path} records decode.steps={steps!r} in its meta; record it again")
+    gen = decode.get("gen_length")  # the decode clamps its steps per block to gen_length, as the reference
+    return min(steps, gen) if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 else steps
 
 
 def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, RoutingTrace | None]:
@@ -52,9 +78,9 @@ def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, 
     return trace, calibration
 
 
-def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     run_dir = Path(run_dir)
-    settings = decode_settings(cfg)
+    settings = cfg.decode
     setup = setup_run(cfg, nominal_geometry(cfg.model))
     loaded: list[LoadedModel] = []
 
@@ -63,31 +89,37 @@ def run_replay(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             loaded.append(load_model(cfg.model, cfg.cache_dir))
         return loaded[0]
 
+    workload = None  # an explicit trace holds prompts this config does not name
     if cfg.trace.path is not None:
         path = Path(cfg.trace.path)
         trace, calibration = explicit_traces(path, setup.system.needs_calibration)
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
+        workload = workload_record(cfg.workload, prompts)
         trace, path = workload_trace(cfg, prompts, settings, model)
         calibration = calibration_trace(cfg, settings, model) if setup.system.needs_calibration else None
-    check_geometry(trace, setup.geometry, path)
+    check_geometry(trace, setup.geometry, path, str(cfg.model.name))
+    if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
+        check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
 
     engine = setup.engine()
-    engine.prepare(calibration, int(trace.meta.get("decode", {}).get("steps", settings.steps)))
+    engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
     start = time.perf_counter()
-    replay_mode = replay_fast_or_exact(engine, trace).mode  # vectorized for fiddler and tide
+    replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
     replay_s = time.perf_counter() - start
     counts = {
-        "prompts": trace.meta.get("prompts", 0),
-        "generated_tokens": trace.meta.get("generated_tokens", 0),
-        "denoise_steps": trace.meta.get("denoise_steps", 0),
+        "prompts": meta_count(trace, "prompts", path),
+        "generated_tokens": meta_count(trace, "generated_tokens", path),
+        "denoise_steps": meta_count(trace, "denoise_steps", path),
         "routed_tokens": sum(trace.n_tokens),
-        "replay_s": replay_s,
-        "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0,
     }
-    result = build_result(cfg, setup, engine, counts, source="trace", weights=trace.meta.get("weights", "?"),
-                          checkpoint=trace.meta.get("checkpoint", "?"))
-    result["trace"] = str(path)
-    result["replay"] = replay_mode
-    write_json_atomic(run_dir / "result.json", result)
+    clock = {"replay_s": replay_s,
+             "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
+    derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording
+    identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
+                           checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
+                           trace_derived_from=str(derived) if derived else None)
+    result = build_result(cfg, setup, engine, counts, clock, identity)
+    result.workload = workload
+    result.save_json(run_dir / "result.json")
     return result

@@ -16,7 +16,6 @@ over fixed-tau runs (those belong to tau sweeps, which get their own plot).
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -27,7 +26,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.results import read_json
+from harness.errors import HarnessError
+from harness.result import RunIdentity, RunResult, Timing
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
@@ -53,24 +53,24 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
 
 
-def record_from_result(result: Mapping[str, Any], source: str, status: str = "ok", order: float = 0.0
+def record_from_result(result: RunResult, source: str, status: str = "ok", order: float = 0.0
                        ) -> dict[str, Any]:
     """One flat row per result: what identifies the run, the headline metrics, the step series."""
-    config = result.get("config") or {}
-    decode, system = config.get("decode") or {}, config.get("system") or {}
-    metrics = result.get("metrics") or {}
+    ident = result.identity
+    decode, system = result.config.get("decode") or {}, result.config.get("system") or {}
+    metrics = result.flat_metrics()
     tokens_per_s = metrics.get("tokens_per_s", metrics.get("wall_tokens_per_s"))
     record = {
         "source": source, "status": status, "order": order,
-        "system": result.get("system") or system.get("name"), "model": result.get("model"),
+        "system": ident.system or system.get("name"), "model": ident.model,
         "gen_length": decode.get("gen_length"), "block_length": decode.get("block_length"),
-        "budget": (result.get("budget") or {}).get("name") or (config.get("budget") or {}).get("name"),
+        "budget": result.budget_name,
         "tau": _int(system.get("tau")), "migration": system.get("migration"),
-        "timing": result.get("timing") if "tokens_per_s" in metrics else "wall",
-        "decode_cache": result.get("decode_cache") or decode.get("cache"),
-        "hardware": result.get("hardware"), "weights": result.get("weights"),
-        "step_series": result.get("step_series") or [],
-        "routing": result.get("routing"),
+        "timing": result.timing.kind if "tokens_per_s" in metrics else "wall",
+        "decode_cache": ident.decode_cache or decode.get("cache"),
+        "hardware": ident.hardware, "weights": ident.weights,
+        "step_series": result.step_series,
+        "routing": result.routing,
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)
@@ -105,9 +105,9 @@ def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
         if target is None or not target.is_file() or str(target.resolve()) in seen:
             continue
         try:
-            result = read_json(target)
-        except (OSError, ValueError):
-            continue  # a damaged file is not a run
+            result = RunResult.from_json(target)
+        except (OSError, ValueError, TypeError, AttributeError, KeyError, HarnessError):
+            continue  # a damaged file, or a JSON value that is not a result object, is not a run
         seen[str(target.resolve())] = record_from_result(result, str(target), order=target.stat().st_mtime)
     return list(seen.values())
 
@@ -138,16 +138,17 @@ def _record_from_mlflow_run(client: Any, run: Any) -> dict[str, Any]:
     run_id, order = run.info.run_id, run.info.start_time / 1000
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            result = read_json(client.download_artifacts(run_id, "result.json", tmp))
+            result = RunResult.from_json(client.download_artifacts(run_id, "result.json", tmp))
         return record_from_result(result, f"mlflow:{run_id}", order=order)
     except Exception:  # no artifact: rebuild what the table needs from params, tags and metrics
         p, t = run.data.params, run.data.tags
-        result = {"system": t.get("system"), "model": t.get("model"), "timing": t.get("timing"),
-                  "hardware": t.get("hardware"), "decode_cache": t.get("decode_cache"),
-                  "budget": {"name": t.get("budget")}, "metrics": run.data.metrics,
-                  "config": {"decode": {"gen_length": _int(p.get("decode.gen_length")),
-                                        "block_length": _int(p.get("decode.block_length"))},
-                             "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration")}}}
+        identity = RunIdentity(system=t.get("system"), model=t.get("model"), hardware=t.get("hardware"),
+                               decode_cache=t.get("decode_cache"))
+        config = {"decode": {"gen_length": _int(p.get("decode.gen_length")),
+                             "block_length": _int(p.get("decode.block_length"))},
+                  "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration")}}
+        result = RunResult(identity=identity, config=config, budget={"name": t.get("budget")},
+                           metrics=dict(run.data.metrics), timing=Timing(t.get("timing")))
         return record_from_result(result, f"mlflow:{run_id}", order=order)
 
 
@@ -193,9 +194,9 @@ def sweep_records(sweep_dir: Path) -> list[dict[str, Any]]:
         prior = resumed_result_path(job)
         path, status = (job / "result.json", "ok") if (job / "result.json").is_file() else (prior, "skipped")
         try:
-            record = record_from_result(read_json(path), str(path), status=status)
-        except (OSError, ValueError, TypeError):
-            record = record_from_result({}, str(job), status="failed")
+            record = record_from_result(RunResult.from_json(path), str(path), status=status)
+        except (OSError, ValueError, TypeError, AttributeError):
+            record = record_from_result(RunResult(RunIdentity()), str(job), status="failed")
         records.append({**record, "job": _job_number(job.name)[0], "overrides": varies})
     return records
 
@@ -336,7 +337,18 @@ def routing_markdown(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description="paper-style table and plots")
+    """The command line; bad input is one line on stderr and 2."""
+    try:
+        return run_report(sys.argv[1:] if argv is None else argv)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run_report(argv: list[str]) -> int:
+    from harness.errors import OneLineParser, check_output_dir
+
+    parser = OneLineParser(prog="python -m harness.report", description="paper-style table and plots")
     parser.add_argument("--from-mlflow", metavar="URI", help="read the runs of this tracking store")
     parser.add_argument("--experiment", action="append", help="only these MLflow experiments (repeatable)")
     parser.add_argument("--runs", nargs="+", type=Path, metavar="DIR", help="run or sweep dirs (default: outputs)")
@@ -344,22 +356,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.from_mlflow and args.runs:
         parser.error("use either --from-mlflow or --runs")
+    check_output_dir(args.out, "--out")
+    if args.from_mlflow:
+        check_report_uri(args.from_mlflow)
+    roots = args.runs or [Path("outputs")]
+    missing = [str(r) for r in roots if not r.exists()] if not args.from_mlflow else []
+    if missing:
+        raise HarnessError(f"--runs: no such directory: {', '.join(missing)}")
+    where = args.from_mlflow or " ".join(map(str, roots))
     try:
-        if args.from_mlflow:
-            where, records = args.from_mlflow, records_from_mlflow(args.from_mlflow, args.experiment)
-        else:
-            roots = args.runs or [Path("outputs")]
-            where, records = " ".join(map(str, roots)), records_from_dirs(roots)
+        records = records_from_mlflow(args.from_mlflow, args.experiment) if args.from_mlflow else \
+            records_from_dirs(roots)
     except Exception as exc:
-        print(f"error: cannot read runs from {args.from_mlflow}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
-        return 2
+        raise HarnessError(f"cannot read runs from {where}: {' '.join(str(exc).split())[:300]}") from None
     if not records:
-        print(f"error: no runs found in {where}", file=sys.stderr)
-        return 2
+        raise HarnessError(f"no runs found in {where}")
     text, figures = write_report(records, args.out)
     print(text, end="")
     print(f"wrote {args.out}/report.md, report.csv and {len(figures)} plot(s) from {len(records)} runs")
     return 0
+
+
+def check_report_uri(uri: str) -> None:
+    """A well-formed URI, and for SQLite a file that exists (MLflow would create an empty store)."""
+    from harness.uris import check_tracking_uri
+
+    check_tracking_uri(uri, "--from-mlflow")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise HarnessError(f"--from-mlflow {uri}: no such SQLite store")
 
 
 if __name__ == "__main__":

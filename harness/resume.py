@@ -16,20 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from harness.result import RunResult
 from harness.results import fingerprint, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from harness.config import HarnessConfig
 
 HASH_EXCLUDED_KEYS = ("hydra", "tracking", "resume", "cache_dir", "show_text")
 RESUMED_FILE = "resumed.json"
-
-
-def config_dict(cfg: Any) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return dict(cfg)
 
 
 def config_hash(config: Mapping[str, Any], backend: str | None = None) -> str:
@@ -68,9 +64,9 @@ def prior_result(config: Mapping[str, Any], cache_dir: str | Path) -> Path | Non
     digest = config_hash(config)
     try:
         path = Path(read_json(index_path(cache_dir, digest))["result"])
-        prior = read_json(path)
-        same_code = (prior.get("versions") or {}).get("code") == code_version()
-        if same_code and config_hash(prior.get("config") or {}, prior.get("backend")) == digest:
+        prior = RunResult.from_json(path)
+        same_code = prior.versions.get("code") == code_version()
+        if same_code and config_hash(prior.config, prior.identity.backend) == digest:
             return path
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # no entry, a moved or damaged result: run the job again
@@ -88,18 +84,18 @@ def resumed_result_path(run_dir: str | Path) -> Path | None:
         return None
 
 
-def skip_if_done(cfg: Any, run_dir: str | Path) -> bool:
+def skip_if_done(cfg: HarnessConfig, run_dir: str | Path) -> bool:
     """With resume=true and an earlier result for this config: note it, print one line, True."""
-    if not cfg.get("resume", False):
+    if not cfg.resume:
         return False
-    config = config_dict(cfg)
+    config = cfg.as_dict()
     prior = prior_result(config, cfg.cache_dir)
     if prior is None:
         return False
     note_resumed(run_dir, prior, config_hash(config))
     from harness.report import compact_line, record_from_result
 
-    record = record_from_result(read_json(prior), str(prior), status="skipped")
+    record = record_from_result(RunResult.from_json(prior), str(prior), status="skipped")
     print(f"{compact_line(record, job_label(run_dir))} | reuses {prior}", flush=True)
     return True
 

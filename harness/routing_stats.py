@@ -1,4 +1,8 @@
-"""How realistic a routing trace is: the statistics issue 12 puts beside every result.
+"""How realistic a routing trace is: the statistics issue 12 puts beside every result
+(result.json's `routing`, MLflow's routing_* metrics, the report, `harness.analyze
+format=json`), and a command that prints them for one trace at several B:
+
+    python -m harness.routing_stats <trace.npz> [B ...]
 
 All of them read a `RoutingTrace` (loads [forwards, MoE layers, experts]):
 
@@ -16,6 +20,11 @@ All of them read a `RoutingTrace` (loads [forwards, MoE layers, experts]):
                                    apart within a block, k = 1..max_k (harness.analyze)
   tokens_per_denoise_step          generated tokens / denoising forwards (the threshold
                                    rule's parallelism; from the trace's meta)
+  top_b_share_step                 the top-B share within each denoising forward, mean
+                                   over forwards and layers (what one step's placement sees)
+  load_entropy                     entropy of a layer's popularity over the run divided by
+                                   log(E) (1 = perfectly even), mean over layers
+  forwards                         denoising forwards in the trace
 
 "Over the run" counts every forward (prefill, denoising and commit): all of them are
 served by the resident experts. `uniform_statistics` computes the same numbers for a trace
@@ -26,14 +35,16 @@ uniformly at random: the reference a balanced, content-blind router would give.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
 
+from harness.errors import HarnessError, exit_with
 from harness.trace import RoutingTrace
 
 STAT_KEYS = ("distinct_experts_per_layer_step", "top_b_share", "unused_experts_per_layer", "popularity_cv",
-             "cross_prompt_popularity_corr", "tokens_per_denoise_step")
+             "cross_prompt_popularity_corr", "tokens_per_denoise_step", "top_b_share_step", "load_entropy")
 
 
 def _finite(x: float) -> float | None:
@@ -46,11 +57,23 @@ def distinct_per_step(loads: torch.Tensor, denoise: torch.Tensor) -> float:
 
 
 def top_b_share(popularity: torch.Tensor, b: int) -> float:
-    """popularity [L, E] counts over the run."""
+    """popularity [..., E] counts -> the share of each row's total on its b largest entries,
+    mean over the rows that routed anything."""
     total = popularity.sum(-1).float()
     top = popularity.float().topk(min(b, popularity.shape[-1]), dim=-1).values.sum(-1)
     keep = total > 0
     return float((top[keep] / total[keep]).mean()) if keep.any() else math.nan
+
+
+def load_entropy(popularity: torch.Tensor) -> float:
+    """Entropy of each layer's load over experts / log(E), mean over layers that routed."""
+    pop = popularity.double()
+    total = pop.sum(-1, keepdim=True)
+    keep = total.squeeze(-1) > 0
+    if not keep.any():
+        return math.nan
+    p = pop[keep] / total[keep]
+    return float((-(p * p.clamp(min=1e-30).log()).sum(-1) / math.log(popularity.shape[-1])).mean())
 
 
 def unused_experts(popularity: torch.Tensor) -> float:
@@ -90,11 +113,14 @@ def tokens_per_denoise_step(meta: dict[str, Any]) -> float:
 
 
 def routing_statistics(trace: RoutingTrace, b: int, max_k: int = 8) -> dict[str, Any]:
-    """The statistics of the module docstring, JSON-ready (None where undefined)."""
+    """The statistics of the module docstring, JSON-ready (None where undefined); a trace
+    without denoising forwards (nothing was decoded) is an error."""
     from harness.analyze import stability_table
 
     loads = trace.loads
     denoise = torch.tensor([s.kind == "denoise" for s in trace.steps], dtype=torch.bool)
+    if not bool(denoise.any()):
+        raise HarnessError("the trace has no denoising steps; record one with a live run (trace.record=true)")
     prompts = torch.tensor([s.prompt for s in trace.steps], dtype=torch.long)
     popularity = loads.sum(0)
     cosine = stability_table(trace, b, max_k)["cosine"].tolist() if len(trace) else []
@@ -105,10 +131,13 @@ def routing_statistics(trace: RoutingTrace, b: int, max_k: int = 8) -> dict[str,
         "popularity_cv": popularity_cv(popularity),
         "cross_prompt_popularity_corr": cross_prompt_corr(loads, prompts),
         "tokens_per_denoise_step": tokens_per_denoise_step(trace.meta),
+        "top_b_share_step": top_b_share(loads[denoise], b),
+        "load_entropy": load_entropy(popularity),
     }
     out: dict[str, Any] = {k: _finite(v) for k, v in stats.items()}
     out["cosine_by_k"] = [_finite(c) for c in cosine]
     out["B"] = b
+    out["forwards"] = int(denoise.sum())
     return out
 
 
@@ -158,3 +187,30 @@ def routing_metrics(routing: dict[str, Any]) -> dict[str, float]:
             if value is not None:
                 metrics[f"{prefix}cosine_k{k}"] = float(value)
     return metrics
+
+
+def main(argv: list[str]) -> int:
+    """Print the statistics of one trace for each B (default 64 and 128)."""
+    if not argv:
+        raise HarnessError("usage: python -m harness.routing_stats <trace.npz> [B ...]")
+    try:
+        bs = [int(b) for b in argv[1:]] or [64, 128]
+    except ValueError:
+        raise HarnessError(f"B values {argv[1:]} must be integers") from None
+    trace = RoutingTrace.load(argv[0])
+    if not all(1 <= b <= trace.n_experts for b in bs):
+        raise HarnessError(f"B values {bs} must be between 1 and the trace's {trace.n_experts} experts per layer")
+    for b in bs:
+        stats = statistics_with_uniform(trace, b)
+        print(f"B={b}: " + ", ".join(f"{k}={_show(stats[k])} (uniform {_show(stats['uniform'].get(k))})"
+                                     for k in STAT_KEYS))
+        print(f"  cosine_by_k={[_show(c) for c in stats['cosine_by_k']]}")
+    return 0
+
+
+def _show(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+if __name__ == "__main__":
+    exit_with(main, sys.argv[1:])

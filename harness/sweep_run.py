@@ -34,8 +34,12 @@ import platform
 import signal
 import sys
 import threading
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from harness.mlflow_store import (
     add_marker,
@@ -46,37 +50,81 @@ from harness.mlflow_store import (
     open_store,
     warn_failure,
 )
+from harness.mlflow_ui import (
+    NOTE_TAG,
+    dataset_input,
+    distinct_workloads,
+    parent_description,
+    parent_run_name,
+    sweep_command,
+    swept_overrides,
+)
+from harness.result import param_value
+from harness.results import read_json
 from harness.tracking import (
     PARENT_MARKER,
+    RESULT_FILE,
     TrackingConfig,
     experiment_name,
     git_commit,
-    param_value,
     parent_run_id,
+    result_dirs,
+    workload_of,
 )
 
 ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned (parent runs)
 RESUMES_TAG = "harness.resumes"
 
 
-def start_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str], overrides: list[str]) -> str:
-    """Create a sweep's parent run and record its id in the sweep dir; raises on failure."""
-    client = open_store(tracking.uri)
+def start_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str], overrides: list[str],
+                     name: str | None = None, description: str | None = None) -> str:
+    """Create a sweep's parent run and record its id in the sweep dir; raises on failure.
+    Its name says what the sweep varies and when it started, its description (markdown)
+    holds the command (defaults: from the overrides, now)."""
+    client = open_store(tracking.uri, tracking.timeout_s)
     root = default_artifact_root(tracking.uri, tracking.artifact_root)
     experiment_id = ensure_experiment(client, experiment_name(tracking, models), root)
     tags = {"harness.kind": "sweep", "sweep_dir": str(sweep_dir.resolve()), "git_commit": git_commit(),
-            "machine": platform.node(), "mlflow.runName": f"sweep {sweep_dir.name}"}
+            "machine": platform.node(),
+            "mlflow.runName": name or parent_run_name(swept_overrides(overrides), datetime.now()),
+            NOTE_TAG: description or parent_description(sweep_command(overrides))}
     run = client.create_run(experiment_id, run_name=tags["mlflow.runName"], tags=tags)
     client.log_param(run.info.run_id, "sweep", param_value(" ".join(overrides)))
     add_marker(sweep_dir / PARENT_MARKER, tracking.uri, run.info.run_id, experiment_id)
     return run.info.run_id
 
 
+def recorded_sweep(sweep_dir: Path) -> tuple[str, str]:
+    """(parent run name, command) of a sweep that ran without a parent run, from the
+    multirun.yaml Hydra wrote when it started (push of a sweep that never reached the store)."""
+    path = sweep_dir / "multirun.yaml"
+    hydra = OmegaConf.load(path).get("hydra") or {}
+    recorded = hydra.get("overrides") or {}
+    overrides = [str(o) for o in recorded.get("task") or []]
+    params = (hydra.get("sweeper") or {}).get("params")
+    params = OmegaConf.to_container(params) if params else {}
+    started = datetime.fromtimestamp(path.stat().st_mtime)
+    command = sweep_command(overrides, [str(o) for o in recorded.get("hydra") or []])
+    return parent_run_name(swept_overrides(overrides, params), started), command
+
+
+def workloads_in(sweep_dir: Path) -> list[Mapping[str, Any]]:
+    """The distinct workloads the sweep's jobs decoded (dataset inputs of its parent run)."""
+    found = []
+    for run_dir in result_dirs([sweep_dir]):
+        try:
+            found.append(workload_of(read_json(run_dir / RESULT_FILE)))
+        except (OSError, ValueError):  # an unreadable result is reported by the summary table
+            continue
+    return distinct_workloads(found)
+
+
 def open_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str], overrides: list[str],
-                    resume: bool = False) -> tuple[str, bool]:
+                    resume: bool = False, name: str | None = None, description: str | None = None
+                    ) -> tuple[str, bool]:
     """The sweep's parent run: (run id, reused). With resume, an unfinished parent recorded in
-    this sweep dir is reused; otherwise a new one is started (module docstring)."""
-    client = open_store(tracking.uri)
+    this sweep dir is reused (its name kept); otherwise a new one is started (module docstring)."""
+    client = open_store(tracking.uri, tracking.timeout_s)
     previous = _previous_parent(client, sweep_dir, tracking.uri)
     if previous is not None and resume and previous.info.status != "FINISHED":
         run_id = previous.info.run_id
@@ -89,7 +137,7 @@ def open_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str],
         return run_id, True
     if previous is not None and previous.info.status == "RUNNING":  # its process died without a word
         end_parent_run(tracking, previous.info.run_id, "KILLED", "abandoned")
-    return start_parent_run(tracking, sweep_dir, models, overrides), False
+    return start_parent_run(tracking, sweep_dir, models, overrides, name, description), False
 
 
 def discard_orphans(client: Any, experiment_id: str, parent_id: str) -> None:
@@ -112,13 +160,20 @@ def _previous_parent(client: Any, sweep_dir: Path, uri: str) -> Any:
     return run if run.info.lifecycle_stage == "active" else None
 
 
-def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], metrics: dict[str, float]) -> None:
-    client = open_store(tracking.uri)
+def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], metrics: dict[str, float],
+                      description: str | None = None, workloads: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Log the summary (artifacts, metrics, the description with its table, the workloads its
+    jobs decoded as dataset inputs) and end the parent run FINISHED."""
+    client = open_store(tracking.uri, tracking.timeout_s)
     for path in files:
         if path.is_file():
             client.log_artifact(run_id, str(path), "plots" if path.suffix == ".png" else None)
     for key, value in metrics.items():
         client.log_metric(run_id, key, value)
+    if description:
+        client.set_tag(run_id, NOTE_TAG, description)
+    if workloads:  # the same dataset as the children, so the dataset filter keeps the parent too
+        client.log_inputs(run_id, datasets=[dataset_input(w) for w in workloads])
     client.set_tag(run_id, ENDED_TAG, "finished")
     client.set_terminated(run_id, "FINISHED")
 
@@ -126,7 +181,7 @@ def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], 
 def end_parent_run(tracking: TrackingConfig, run_id: str, status: str, why: str,
                    signal_name: str | None = None) -> None:
     """Terminate a parent run that did not reach the end of its sweep; raises on store failure."""
-    client = open_store(tracking.uri)
+    client = open_store(tracking.uri, tracking.timeout_s)
     client.set_tag(run_id, ENDED_TAG, why)
     if signal_name:
         client.set_tag(run_id, "harness.signal", signal_name)

@@ -26,7 +26,7 @@ to within the imbalance this cost already captures).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -48,6 +48,29 @@ class TopologyConfig:
     variability: str = "none"  # none | low | medium | high: spread of relative GPU speeds
     seed: int = 0  # draws the speeds inside the spread and the GPUs' order
     speeds: list[float] = field(default_factory=list)  # explicit relative speeds; empty: drawn
+
+    def __post_init__(self) -> None:
+        """Bad values are one-line HarnessErrors naming the key."""
+        if self.name not in TOPOLOGIES:
+            raise HarnessError(f"topology.name={self.name!r} is not allowed; use topology=single or topology=multi")
+        if self.variability not in VARIABILITY_SPREAD:
+            raise HarnessError(f"topology.variability={self.variability!r} is not allowed; use one of "
+                               f"{', '.join(VARIABILITY_SPREAD)}")
+        if self.name == "single":
+            if self.n_gpus != 1:
+                raise HarnessError(
+                    f"topology=single has one GPU (got topology.n_gpus={self.n_gpus}); use topology=multi "
+                    f"topology.n_gpus={self.n_gpus}"
+                )
+            return
+        if self.n_gpus < 2:
+            raise HarnessError(
+                f"topology.n_gpus={self.n_gpus} must be >= 2 with topology=multi (or use topology=single)")
+        if self.speeds and (len(self.speeds) != self.n_gpus or not all(float(s) > 0 for s in self.speeds)):
+            raise HarnessError(
+                f"topology.speeds must hold {self.n_gpus} positive relative speeds (got {list(self.speeds)}); "
+                "or leave it empty to draw them from topology.variability"
+            )
 
 
 @dataclass(frozen=True)
@@ -95,46 +118,14 @@ def gpu_speeds(n_gpus: int, variability: str, seed: int) -> tuple[float, ...]:
     return tuple(float(s) for s in speeds[torch.randperm(n_gpus, generator=gen)])
 
 
-def _as_topology_config(cfg: Any) -> TopologyConfig:
-    if cfg is None:
-        return TopologyConfig()
-    if isinstance(cfg, TopologyConfig):
-        return cfg
-    from omegaconf import OmegaConf  # only Hydra callers pass a DictConfig
-
-    raw = OmegaConf.to_object(cfg) if OmegaConf.is_config(cfg) else dict(cfg)
-    if isinstance(raw, TopologyConfig):
-        return raw
-    try:
-        return TopologyConfig(**raw)
-    except TypeError:
-        raise HarnessError(f"unknown topology key(s) in {sorted(raw)}; known: name, n_gpus, variability, "
-                           "seed, speeds") from None
-
-
-def build_topology(cfg: Any) -> Topology:
-    """The Topology of a `topology` config node (None: one GPU); bad values are one-line
-    HarnessErrors naming the key."""
-    c = _as_topology_config(cfg)
-    if c.name not in TOPOLOGIES:
-        raise HarnessError(f"topology.name={c.name!r} is not allowed; use topology=single or topology=multi")
-    if c.name == "single":
-        if c.n_gpus != 1:
-            raise HarnessError(
-                f"topology=single has one GPU (got topology.n_gpus={c.n_gpus}); use topology=multi "
-                f"topology.n_gpus={c.n_gpus}"
-            )
+def build_topology(cfg: TopologyConfig | None) -> Topology:
+    """The Topology of a `topology` config (None: one GPU); its values were checked when
+    it was built."""
+    if cfg is None or cfg.name == "single":
         return SINGLE
-    if c.n_gpus < 2:
-        raise HarnessError(f"topology.n_gpus={c.n_gpus} must be >= 2 with topology=multi (or use topology=single)")
-    if c.speeds:
-        if len(c.speeds) != c.n_gpus or not all(float(s) > 0 for s in c.speeds):
-            raise HarnessError(
-                f"topology.speeds must hold {c.n_gpus} positive relative speeds (got {list(c.speeds)}); "
-                "or leave it empty to draw them from topology.variability"
-            )
-        return Topology("multi", tuple(float(s) for s in c.speeds))
-    return Topology("multi", gpu_speeds(c.n_gpus, c.variability, c.seed))
+    if cfg.speeds:
+        return Topology("multi", tuple(float(s) for s in cfg.speeds))
+    return Topology("multi", gpu_speeds(cfg.n_gpus, cfg.variability, cfg.seed))
 
 
 def check_system_topology(system_name: str, multi_gpu_system: bool, topology: Topology) -> None:
@@ -149,14 +140,3 @@ def check_system_topology(system_name: str, multi_gpu_system: bool, topology: To
             f"system={system_name} runs on one GPU; use topology=single, or system=ep_linear|gem with "
             "topology=multi"
         )
-
-
-def check_config(cfg: Any) -> None:
-    """The config-time check (harness.config.validate): topology values and the
-    system/topology pairing, before anything loads."""
-    from systems.registry import SYSTEMS  # systems import the harness; import late
-
-    topology = build_topology(cfg.get("topology"))
-    system_cls = SYSTEMS.get(str(cfg.system.name))
-    if system_cls is not None:
-        check_system_topology(system_cls.name, system_cls.multi_gpu, topology)

@@ -17,22 +17,27 @@ MLflow is imported lazily: a run with `tracking.enabled=false` never pays for it
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import platform
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from omegaconf import MISSING
+
+from harness.errors import HarnessError
 from harness.mlflow_store import (
+    DEFAULT_TIMEOUT_S,
     TrackingUnavailable,
     add_marker,
     default_artifact_root,
     discard_run,
     ensure_experiment,
+    file_digest,
     find_marker,
     log_batches,
     log_config_yaml,
@@ -40,14 +45,18 @@ from harness.mlflow_store import (
     open_store,
     warn_failure,
 )
-from harness.results import read_json
+from harness.mlflow_ui import NOTE_TAG, child_description, dataset_input, parent_description
+from harness.result import PARAM_MAX_CHARS, RunResult  # noqa: F401 - PARAM_MAX_CHARS re-exported
+from harness.uris import check_tracking_uri
+from harness.workload import workload_record
+
+if TYPE_CHECKING:
+    from harness.config import HarnessConfig
 
 RUN_MARKER = "mlflow.json"
 PARENT_MARKER = "mlflow_parent.json"
 RESULT_FILE = "result.json"
 DEFAULT_URI = "sqlite:///outputs/mlflow.db"
-PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
-STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -59,26 +68,17 @@ class TrackingConfig:
     uri: str = DEFAULT_URI  # sqlite:///path.db, http://host:5000, postgresql://..., ...
     experiment: str | None = None  # null: one experiment per model ("llada2-mini")
     artifact_root: str | None = None  # null: <store dir>/mlartifacts for sqlite, the server's default otherwise
+    timeout_s: float = DEFAULT_TIMEOUT_S  # the longest a request to a tracking server may take (no retries)
+
+    def __post_init__(self) -> None:
+        """The URI's form and the timeout, before the run (a bad scheme used to be reported after it)."""
+        if self.enabled and self.uri != MISSING:
+            check_tracking_uri(str(self.uri), "tracking.uri")
+        if not (math.isfinite(self.timeout_s) and 0 < self.timeout_s <= 600):
+            raise HarnessError(f"tracking.timeout_s={self.timeout_s} must be a number of seconds in (0, 600]")
 
 
 # --------------------------------------------------------------------------- settings
-
-
-def tracking_settings(cfg: Any) -> TrackingConfig:
-    """TrackingConfig from a full run config (DictConfig or dict); defaults when absent."""
-    node = _get(cfg, "tracking")
-    if node is None:
-        return TrackingConfig()
-    if isinstance(node, TrackingConfig):
-        return node
-    return TrackingConfig(**{k: _get(node, k) for k in ("enabled", "uri", "experiment", "artifact_root")
-                             if _get(node, k) is not None})
-
-
-def _get(node: Any, key: str) -> Any:
-    if isinstance(node, Mapping):
-        return node.get(key)
-    return getattr(node, key, None)
 
 
 def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> str:
@@ -90,55 +90,16 @@ def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> s
 
 
 def is_logged(run_dir: str | Path, uri: str) -> bool:
-    return find_marker(Path(run_dir) / RUN_MARKER, uri) is not None
+    """This store holds the run dir's result.json as it is now: its marker names the store
+    and the digest of the result it logged (markers written before digests name none)."""
+    marker = find_marker(Path(run_dir) / RUN_MARKER, uri)
+    if marker is None:
+        return False
+    logged = marker.get("result_digest")
+    return logged is None or logged == file_digest(Path(run_dir) / RESULT_FILE)
 
 
 # --------------------------------------------------------------------------- what gets logged
-
-
-def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def param_value(value: Any) -> str:
-    text = "null" if value is None else str(value)
-    if len(text) > PARAM_MAX_CHARS:
-        return text[: PARAM_MAX_CHARS - 40] + f"... ({len(text)} chars, see config.yaml)"
-    return text
-
-
-def run_params(config: Mapping[str, Any]) -> dict[str, str]:
-    """The flattened resolved config; where it is logged is not part of what ran."""
-    return {k: param_value(v) for k, v in flatten(config).items() if not k.startswith(("tracking.", "hydra."))}
-
-
-def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
-
-
-def series_points(result: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:
-    """(name, value, step): per-step series by global step, tau curves by tau."""
-    for point in result.get("step_series") or []:
-        for key in STEP_SERIES_KEYS:
-            if isinstance(point.get(key), int | float):
-                yield f"step_{key}", float(point[key]), int(point["global_step"])
-    for name, curve in (result.get("system_report") or {}).items():
-        if not (isinstance(curve, list) and name.endswith("curve")):
-            continue
-        for i, item in enumerate(curve):
-            if isinstance(item, int | float):
-                yield name, float(item), i + 1  # list index i is tau = i + 1
-            elif isinstance(item, Mapping) and "tau" in item:
-                for key, value in item.items():
-                    if key != "tau" and isinstance(value, int | float):
-                        yield f"{name}.{key}", float(value), int(item["tau"])
 
 
 @lru_cache(maxsize=1)
@@ -151,20 +112,22 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_tags(result: Mapping[str, Any], run_dir: Path, config_hash: str | None) -> dict[str, str]:
+def workload_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The result's workload record; for a result.json written before runs recorded one, the
+    record of a built-in prompt list in its config (a prompts file may have changed since)."""
+    if result.get("workload"):
+        return dict(result["workload"])
     config = result.get("config") or {}
-    budget = (result.get("budget") or {}).get("name") or (config.get("budget") or {}).get("name")
-    tags = {
-        "harness.kind": "job",
-        "system": result.get("system"), "model": result.get("model"), "weights": result.get("weights"),
-        "timing": result.get("timing"), "hardware": result.get("hardware"),
-        "decode_cache": result.get("decode_cache"), "budget": budget,
-        "git_commit": git_commit(), "mlflow.source.git.commit": git_commit(),
-        "machine": (result.get("versions") or {}).get("machine") or platform.node(),
-        "run_dir": str(run_dir.resolve()), "config_hash": config_hash,
-        "mlflow.runName": "-".join(str(x) for x in (result.get("system"), budget, result.get("model")) if x),
-    }
-    return {k: str(v) for k, v in tags.items() if v is not None}
+    workload = config.get("workload") or {}
+    prompts = [str(p) for p in workload.get("prompts") or []]
+    if workload.get("path") or not prompts or source_is_trace_file(config):
+        return None
+    return workload_record(workload, prompts[: config.get("limit_prompts") or None])
+
+
+def source_is_trace_file(config: Mapping[str, Any]) -> bool:
+    """A replay of an explicit trace decoded the trace's prompts, not the configured ones."""
+    return config.get("source") == "trace" and bool((config.get("trace") or {}).get("path"))
 
 
 def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
@@ -179,62 +142,88 @@ def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
 # --------------------------------------------------------------------------- runs
 
 
-def log_result(result: Mapping[str, Any], run_dir: str | Path, tracking: TrackingConfig,
+def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
                parent_run_id: str | None = None, config_hash: str | None = None) -> str:
     """Log one result as an MLflow run and mark the run dir; raises on any store failure."""
     run_dir = Path(run_dir)
-    client = open_store(tracking.uri)
+    record = result.to_mlflow(run_dir, config_hash, git_commit())
+    digest = file_digest(run_dir / RESULT_FILE)  # before logging: the marker names what was logged
+    client = open_store(tracking.uri, tracking.timeout_s)
     if parent_run_id:  # children live in their parent's experiment, or the UI cannot nest them
         experiment_id = client.get_run(parent_run_id).info.experiment_id
     else:
-        name = experiment_name(tracking, [str(result.get("model"))])
+        name = experiment_name(tracking, [str(result.identity.model)])
         experiment_id = ensure_experiment(client, name, default_artifact_root(tracking.uri, tracking.artifact_root))
-    tags = run_tags(result, run_dir, config_hash)
+    tags = dict(record.tags)
+    plain = result.to_dict()
+    workload = workload_of(plain)
+    tags[NOTE_TAG] = child_description({**plain, "workload": workload})
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     # tagged from birth, so that a run cut short anywhere is found as its parent's orphan
     run = client.create_run(experiment_id, run_name=tags.get("mlflow.runName"), tags=tags)
     run_id = run.info.run_id
     try:
-        metrics = [(k, v, 0) for k, v in numeric_metrics(result.get("metrics") or {}).items()]
-        log_batches(client, run_id, run_params(result.get("config") or {}), {}, [*metrics, *series_points(result)])
-        log_config_yaml(client, run_id, result.get("config") or {})
+        metrics = [(k, v, 0) for k, v in record.metrics.items()]
+        log_batches(client, run_id, record.params, {}, [*metrics, *record.series])
+        if workload is not None:
+            client.log_inputs(run_id, datasets=[dataset_input(workload)])
+        log_config_yaml(client, run_id, result.config)
         for path, sub in artifact_files(run_dir):
             client.log_artifact(run_id, str(path), sub)
         client.set_terminated(run_id, "FINISHED")
     except BaseException as exc:  # a half-logged run would be duplicated by the next push
         discard_run(client, run_id, "FAILED" if isinstance(exc, Exception) else "KILLED")
         raise
-    add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id)
+    add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id, digest)
     return run_id
 
 
-def log_run(result: Mapping[str, Any], run_dir: str | Path, cfg: Any, parent_run_id: str | None = None) -> str | None:
+def log_run(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
+            parent_run_id: str | None = None) -> str | None:
     """Log a finished run; returns the MLflow run id, or None when disabled or on failure (warned)."""
-    tracking = tracking_settings(cfg)
     if not tracking.enabled:
         return None
     from harness.resume import config_hash
 
     try:
-        digest = config_hash(result.get("config") or {}, result.get("backend"))
+        digest = config_hash(result.config, result.identity.backend)
         return log_result(result, run_dir, tracking, parent_run_id, digest)
     except Exception as exc:
         warn_failure(tracking.uri, "logging", exc, Path(run_dir))
         return None
 
 
-def record_finished_run(result: Mapping[str, Any], run_dir: str | Path, cfg: Any) -> str | None:
+def record_finished_run(result: RunResult, run_dir: str | Path, cfg: HarnessConfig) -> str | None:
     """After result.json: index it for resume, then log it (as a child inside a sweep)."""
-    from harness.resume import config_dict, index_result
+    from harness.resume import index_result
 
     try:
-        index_result(result.get("config") or config_dict(cfg), run_dir, cfg.cache_dir, result.get("backend"))
+        index_result(result.config, run_dir, cfg.cache_dir, result.identity.backend)
     except OSError as exc:  # resume will rerun this job; the result itself is safe
         print(f"warning: resume index not written ({exc}); resume=true will rerun this job", file=sys.stderr)
-    if not tracking_settings(cfg).enabled:
+    if not cfg.tracking.enabled:
         return None
-    return log_run(result, run_dir, cfg, job_parent_run_id(cfg))
+    from harness.cluster import job_leaves_logging_to_launcher
+
+    if job_leaves_logging_to_launcher(cfg.tracking.uri):  # no SQLite writes from compute nodes
+        print("MLflow: this SLURM job's result is logged by the launching process at the end of the sweep")
+        return None
+    return log_run(result, run_dir, cfg.tracking, job_parent_run_id(cfg.tracking))
+
+
+def log_if_missing(result_path: Path | None, cfg: HarnessConfig) -> str | None:
+    """resume=true skipped a job: log the result it reuses if this store lacks it (a sweep
+    killed after result.json but before logging), as a child of the current sweep."""
+    tracking = cfg.tracking
+    if result_path is None or not tracking.enabled or is_logged(result_path.parent, tracking.uri):
+        return None
+    try:
+        result = RunResult.from_json(result_path)
+    except (OSError, ValueError, HarnessError) as exc:
+        warn_failure(tracking.uri, "logging of the reused result", exc, result_path.parent)
+        return None
+    return log_run(result, result_path.parent, tracking, job_parent_run_id(tracking))
 
 
 def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:
@@ -242,14 +231,14 @@ def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:
     return marker["run_id"] if marker else None
 
 
-def job_parent_run_id(cfg: Any) -> str | None:
+def job_parent_run_id(tracking: TrackingConfig) -> str | None:
     """The parent run of the sweep this job belongs to (None for a single run)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
-    return parent_run_id(HydraConfig.get().sweep.dir, tracking_settings(cfg).uri)
+    return parent_run_id(HydraConfig.get().sweep.dir, tracking.uri)
 
 
 # --------------------------------------------------------------------------- push
@@ -289,11 +278,17 @@ def push_parent(tracking: TrackingConfig, sweep_dir: Path) -> str:
     if existing:
         return existing
     from harness.report import SWEEP_FILES
-    from harness.sweep_run import finish_parent_run, start_parent_run
+    from harness.sweep_run import finish_parent_run, recorded_sweep, start_parent_run, workloads_in
 
-    models = {str(read_json(d / RESULT_FILE).get("model")) for d in result_dirs([sweep_dir])}
-    run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [f"(pushed from {sweep_dir})"])
-    finish_parent_run(tracking, run_id, [sweep_dir / f for f in SWEEP_FILES], {})
+    models = {str(RunResult.from_json(d / RESULT_FILE).identity.model) for d in result_dirs([sweep_dir])}
+    name, command = recorded_sweep(sweep_dir)
+    pushed = f"(pushed from {sweep_dir})"
+    run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [pushed], name,
+                              parent_description(command, note=pushed))
+    summary = sweep_dir / SWEEP_FILES[1]
+    table = summary.read_text() if summary.is_file() else None
+    finish_parent_run(tracking, run_id, [sweep_dir / f for f in SWEEP_FILES], {},
+                      parent_description(command, table, pushed), workloads_in(sweep_dir))
     return run_id
 
 
@@ -307,10 +302,10 @@ def push(roots: list[Path], tracking: TrackingConfig) -> tuple[int, int, int]:
             present += 1
             continue
         try:
-            result = read_json(run_dir / RESULT_FILE)
+            result = RunResult.from_json(run_dir / RESULT_FILE)
             sweep = sweep_dir_of(run_dir)
             parent = push_parent(tracking, sweep) if sweep is not None else None
-            digest = config_hash(result.get("config") or {}, result.get("backend"))
+            digest = config_hash(result.config, result.identity.backend)
             run_id = log_result(result, run_dir, tracking, parent, digest)
             print(f"logged {run_dir} -> run {run_id}")
             logged += 1
@@ -331,6 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="tracking URI")
     p.add_argument("--experiment", default=None, help="experiment name (default: llada2-<model>)")
     args = parser.parse_args(argv)
+    from harness.errors import HarnessError
+    from harness.uris import check_tracking_uri
+
+    try:
+        check_tracking_uri(args.uri, "--uri")
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
         print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)

@@ -11,8 +11,9 @@ counted).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
 
 from harness.decoding import ForwardKind, StepInfo  # noqa: F401 - re-exported for systems
@@ -20,6 +21,7 @@ from harness.topology import SINGLE, Topology
 
 if TYPE_CHECKING:
     from harness.cost import CostModel
+    from harness.ledger import LayerOutcomes
     from harness.model.config import LLaDA2Config
     from harness.trace import RoutingTrace
 
@@ -46,6 +48,9 @@ class LayerPlan:
     share the PCIe link; layer+1's GPU experts wait only for the ones they use.
     device: with topology=multi only (expert parallelism), int [E]: the GPU that computes
     each expert; the engine charges the layer as its slowest GPU (harness/topology.py).
+    free_moves: the plan's residency moves cost nothing and land before the layer computes
+    (the oracle's hindsight bound): its cached sync fetches are counted as free copies, not
+    charged, and a miss is a routed expert not resident after the moves.
     """
 
     gpu: torch.Tensor
@@ -57,6 +62,7 @@ class LayerPlan:
     prefetch: list[int] = field(default_factory=list)
     prefetch_evict: list[int] = field(default_factory=list)
     device: torch.Tensor | None = None
+    free_moves: bool = False
 
 
 @dataclass
@@ -71,6 +77,18 @@ class PrepareContext:
     topology: Topology = SINGLE  # the GPUs (relative speeds) an expert-parallel system maps onto
 
 
+class BatchPlanner(Protocol):
+    """What a system decides for n forwards x every MoE layer at once (a replay)."""
+
+    def plan(self, loads: np.ndarray, steps: list[StepInfo]) -> LayerOutcomes:
+        """loads: int64 [n, L, E]; runs the system's per-forward work (`on_step`) too."""
+        ...
+
+    def residency(self) -> np.ndarray:
+        """bool [L, E]: what the GPU holds after the forwards planned so far."""
+        ...
+
+
 class System:
     """Base class. Subclasses set `name`, `overlap`, and implement `plan`."""
 
@@ -79,7 +97,6 @@ class System:
     wants_hint: bool = False  # ask the engine for next-layer predicted loads
     needs_calibration: bool = False
     ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B
-    free_movement: bool = False  # oracle: the engine does not charge residency moves
     multi_gpu: bool = False  # expert parallelism: runs only with topology=multi, sets plan.device
 
     def __init__(self, **options: object) -> None:
@@ -99,6 +116,12 @@ class System:
     def plan(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None,
              resident: frozenset[int]) -> LayerPlan:
         raise NotImplementedError
+
+    def batch_planner(self, resident: list[set[int]], n_experts: int) -> BatchPlanner | None:
+        """A planner that plans whole chunks of forwards at once, deciding what `plan`
+        would, layer for layer (tests hold the two together); None: plan layer by layer.
+        `resident`: the residency per layer now."""
+        return None
 
     def report(self) -> dict[str, object]:
         """System-specific figures for result.json (tau*, d, Lat(tau) curve, ...)."""

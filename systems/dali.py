@@ -42,11 +42,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from harness.cost import CostModel
 from harness.errors import HarnessError
-from systems.base import LayerPlan, PrepareContext, System, resident_mask
+from harness.ordered_sums import torch_sum
+from systems.base import LayerPlan, PrepareContext, System
 
 
 @dataclass
@@ -59,36 +61,47 @@ class DaliConfig:
     decay: float = 0.5
 
 
-def side_costs(load: torch.Tensor, held: torch.Tensor, cost: CostModel) -> tuple[torch.Tensor, torch.Tensor]:
+Array = np.ndarray | torch.Tensor
+
+
+def _np(x: Array) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else x
+
+
+def side_costs(load: Array, held: Array, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """Per expert: seconds on the GPU side (compute, plus one copy if not resident) and on
     the CPU (float64 [E]; 0 for unrouted experts)."""
-    routed = load > 0
-    gpu = cost.gpu_expert_times(load) + torch.where(routed & ~held, cost.copy_time(1), 0.0)
-    return gpu, cost.cpu_expert_times(load)
+    loads = _np(load)
+    routed = loads > 0
+    top = int(loads.max()) if loads.size else 0
+    gpu = cost.time_table("gpu", top)[loads] + np.where(routed & ~_np(held), cost.copy_time(1), 0.0)
+    return gpu, cost.time_table("cpu", top)[loads]
 
 
-def finish_time(on_gpu: torch.Tensor, load: torch.Tensor, held: torch.Tensor, cost: CostModel) -> float:
+def finish_time(on_gpu: Array, load: Array, held: Array, cost: CostModel) -> float:
     """Phi of an assignment: the later of the GPU side (copies + compute) and the CPU."""
     gpu, cpu = side_costs(load, held, cost)
-    routed = load > 0
-    return max(float(gpu[on_gpu & routed].sum()), float(cpu[~on_gpu & routed].sum()))
+    routed, on_gpu = _np(load) > 0, _np(on_gpu)
+    return max(torch_sum(gpu[on_gpu & routed]), torch_sum(cpu[~on_gpu & routed]))
 
 
-def greedy_assignment(load: torch.Tensor, held: torch.Tensor, cost: CostModel) -> torch.Tensor:
+def greedy_assignment(load: Array, held: Array, cost: CostModel) -> np.ndarray:
     """bool [E]: routed experts placed on the GPU by the heaviest-first greedy, then
     refined by single moves and pairwise swaps."""
     gpu, cpu = side_costs(load, held, cost)
-    return refine(greedy_pass(load, gpu, cpu), load > 0, gpu, cpu)
+    return refine(greedy_pass(load, gpu, cpu), _np(load) > 0, gpu, cpu)
 
 
-def greedy_pass(load: torch.Tensor, gpu: torch.Tensor, cpu: torch.Tensor) -> torch.Tensor:
+def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
     """Heaviest expert first, each to the side whose finish time after taking it is
     smaller (ties: the side where it costs less)."""
-    on_gpu = torch.zeros_like(load, dtype=torch.bool)
+    loads = _np(load)
+    on_gpu = np.zeros(loads.shape[0], bool)
     gpu_side = cpu_side = 0.0
-    order = torch.sort(load, descending=True, stable=True).indices  # ties: lower id first
-    for e in order[load[order] > 0].tolist():
-        g, c = float(gpu[e]), float(cpu[e])
+    order = np.argsort(-loads, kind="stable")  # heaviest first, ties: lower id first
+    gpu_s, cpu_s = gpu.tolist(), cpu.tolist()
+    for e in order[loads[order] > 0].tolist():
+        g, c = gpu_s[e], cpu_s[e]
         if (max(gpu_side + g, cpu_side), g) <= (max(gpu_side, cpu_side + c), c):
             on_gpu[e] = True
             gpu_side += g
@@ -97,28 +110,28 @@ def greedy_pass(load: torch.Tensor, gpu: torch.Tensor, cpu: torch.Tensor) -> tor
     return on_gpu
 
 
-def refine(on_gpu: torch.Tensor, routed: torch.Tensor, gpu: torch.Tensor, cpu: torch.Tensor) -> torch.Tensor:
+def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
     """Move one expert to the other side, or swap a GPU expert with a CPU one, while that
     lowers the finish time (the best such change each round). Token order misjudges
     experts whose copy makes them costly on the GPU; heaviest-first alone can be off by a
     factor close to 2 (tests/test_dali.py)."""
-    on_gpu = on_gpu.clone()
+    on_gpu = on_gpu.copy()
     while True:
-        gpu_side, cpu_side = float(gpu[on_gpu].sum()), float(cpu[routed & ~on_gpu].sum())
-        moved = torch.where(
-            on_gpu, torch.maximum(gpu_side - gpu, cpu_side + cpu), torch.maximum(gpu_side + gpu, cpu_side - cpu)
+        gpu_side, cpu_side = torch_sum(gpu[on_gpu]), torch_sum(cpu[routed & ~on_gpu])
+        moved = np.where(
+            on_gpu, np.maximum(gpu_side - gpu, cpu_side + cpu), np.maximum(gpu_side + gpu, cpu_side - cpu)
         )
-        moved[~routed] = float("inf")
-        g_ids = torch.nonzero(on_gpu).flatten()
-        c_ids = torch.nonzero(routed & ~on_gpu).flatten()
+        moved[~routed] = np.inf
+        g_ids = np.flatnonzero(on_gpu)
+        c_ids = np.flatnonzero(routed & ~on_gpu)
         # [GPU expert e, CPU expert f]: e goes to the CPU, f to the GPU
-        swapped = torch.maximum(
+        swapped = np.maximum(
             gpu_side - gpu[g_ids, None] + gpu[None, c_ids], cpu_side - cpu[None, c_ids] + cpu[g_ids, None]
         )
         best_move = int(moved.argmin())
         after = float(moved[best_move])
         change = [best_move]
-        if swapped.numel() and float(swapped.min()) < after:
+        if swapped.size and float(swapped.min()) < after:
             i, j = divmod(int(swapped.argmin()), swapped.shape[1])
             after, change = float(swapped[i, j]), [int(g_ids[i]), int(c_ids[j])]
         if not after < max(gpu_side, cpu_side) * (1 - 1e-12):
@@ -165,9 +178,9 @@ class Dali(System):
         initial = super().initial_residency(n_layers, n_experts, capacity)
         self.capacity = capacity
         self.held = [set(experts) for experts in initial]
-        self.score = torch.zeros(n_layers, n_experts, dtype=torch.float64)
+        self.score = np.zeros((n_layers, n_experts))
         # recency in id order, expert 0 least recent (as mixtral_offload)
-        self.last_use = torch.arange(n_experts, dtype=torch.float64).repeat(n_layers, 1) - n_experts
+        self.last_use = np.tile(np.arange(n_experts, dtype=np.float64), (n_layers, 1)) - n_experts
         return initial
 
     # ---- one layer -----------------------------------------------------------------
@@ -176,26 +189,29 @@ class Dali(System):
     ) -> LayerPlan:
         self.tick += 1
         self.held[layer] = set(resident)  # the engine's residency is the truth
-        self.score[layer] = self.decay * self.score[layer] + load.double()
-        routed = load > 0
-        held = resident_mask(resident, routed.shape[0])
-        on_gpu = greedy_assignment(load, held, self.ctx.cost) if self.assign else routed & held
-        fetch = torch.nonzero(on_gpu & ~held).flatten().tolist()
+        loads = load.numpy()
+        self.score[layer] = self.decay * self.score[layer] + loads.astype(np.float64)
+        routed = loads > 0
+        held = np.zeros(routed.shape[0], bool)
+        held[list(resident)] = True
+        on_gpu = greedy_assignment(loads, held, self.ctx.cost) if self.assign else routed & held
+        fetch = np.flatnonzero(on_gpu & ~held).tolist()
         cached, scratch, evict = self._admit(layer, fetch, on_gpu)
-        self.last_use[layer, torch.nonzero(on_gpu).flatten()] = self.tick
+        self.last_use[layer, np.flatnonzero(on_gpu)] = self.tick
         self.counts["gpu_experts"] += int(on_gpu.sum())
         self.counts["cpu_experts"] += int((routed & ~on_gpu).sum())
         self.counts["cached"] += len(cached)
         self.counts["scratch"] += len(scratch)
         plan = LayerPlan(
-            gpu=on_gpu, cpu=routed & ~on_gpu, fetch_sync=sorted(fetch), scratch=sorted(scratch), evict=evict
+            gpu=torch.from_numpy(on_gpu), cpu=torch.from_numpy(routed & ~on_gpu), fetch_sync=sorted(fetch),
+            scratch=sorted(scratch), evict=evict,
         )
         if self.prefetch and hint is not None and layer + 1 < len(self.held):
-            room = self._idle_link_copies(load, held, on_gpu, len(fetch))
+            room = self._idle_link_copies(loads, held, on_gpu, len(fetch))
             plan.prefetch, plan.prefetch_evict = self._prefetch(layer + 1, hint, room)
         return plan
 
-    def _idle_link_copies(self, load: torch.Tensor, held: torch.Tensor, on_gpu: torch.Tensor, n_sync: int) -> int:
+    def _idle_link_copies(self, load: np.ndarray, held: np.ndarray, on_gpu: np.ndarray, n_sync: int) -> int:
         """Copies that fit in the link's idle time while this layer computes: the layer
         lasts its finish time, its sync copies hold the link first. A prefetch beyond that
         would delay the next layer's own sync copies on the shared link."""
@@ -208,7 +224,7 @@ class Dali(System):
         key = self.score[layer] if self.replacement else self.last_use[layer]
         return sorted(candidates, key=lambda e: (float(key[e]), e))
 
-    def _admit(self, layer: int, fetch: list[int], on_gpu: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
+    def _admit(self, layer: int, fetch: list[int], on_gpu: np.ndarray) -> tuple[list[int], list[int], list[int]]:
         """Which copied experts stay cached (and whom they evict); the rest are scratch."""
         held = self.held[layer]
         room = self.capacity - len(held)
@@ -231,8 +247,8 @@ class Dali(System):
         """Copy layer `layer`'s predicted-heaviest missing experts in (at most `room` of
         them), keeping its predicted top-B."""
         held = self.held[layer]
-        predicted = hint.double()
-        order = torch.sort(predicted, descending=True, stable=True).indices
+        predicted = hint.double().numpy()
+        order = np.argsort(-predicted, kind="stable")  # heaviest first, ties: lower id first
         order = order[predicted[order] > 0].tolist()
         protected = set(order[: self.capacity])
         guesses = [e for e in order if e not in held][: min(self.prefetch_k, self.capacity, room)]

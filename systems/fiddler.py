@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from harness.bitsets import as_mask
 from harness.errors import HarnessError
+from harness.ledger import LayerOutcomes
 from harness.tau_solver import top_b_mask
-from systems.base import LayerPlan, PrepareContext, System, resident_mask
+from systems.base import LayerPlan, PrepareContext, StepInfo, System
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Fiddler(System):
     def __init__(self) -> None:
         super().__init__()
         self.popularity: torch.Tensor | None = None
+        self._rule = np.zeros(0, bool)  # cheaper_on_cpu per load
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -53,19 +57,53 @@ class Fiddler(System):
         cost = self.ctx.cost
         return cost.cpu_expert_time(n_tokens) <= cost.copy_time(1) + cost.gpu_expert_time(n_tokens)
 
+    def cheaper_on_cpu(self, loads: np.ndarray) -> np.ndarray:
+        """The per-miss rule of prefers_cpu for every entry of an int array of loads
+        (negative loads as 0), tabulated per load from the cost model's tables of its
+        vector functions."""
+        loads = np.maximum(loads, 0)
+        top = int(loads.max()) if loads.size else 0
+        if top >= len(self._rule):
+            cost = self.ctx.cost
+            n = max(len(cost.time_table("gpu", top)), len(cost.time_table("cpu", top)))
+            gpu, cpu = cost.time_table("gpu", n - 1)[:n], cost.time_table("cpu", n - 1)[:n]
+            self._rule = cpu <= cost.copy_time(1) + gpu
+        return self._rule[loads]
+
     def plan(
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
-        routed = load > 0
-        held = resident_mask(resident, routed.shape[0])
-        cost = self.ctx.cost  # the per-miss rule of prefers_cpu, for all experts at once
-        cheaper_on_cpu = cost.cpu_expert_times(load) <= cost.copy_time(1) + cost.gpu_expert_times(load)
+        loads = load.numpy()
+        routed = loads > 0
+        held = np.zeros(routed.shape[0], bool)
+        held[list(resident)] = True
         miss = routed & ~held
-        to_scratch = miss & ~cheaper_on_cpu
-        scratch = torch.nonzero(to_scratch).flatten().tolist()
+        to_scratch = miss & ~self.cheaper_on_cpu(loads)
+        scratch = np.flatnonzero(to_scratch).tolist()
         return LayerPlan(
-            gpu=(routed & held) | to_scratch,
-            cpu=miss & cheaper_on_cpu,
+            gpu=torch.from_numpy((routed & held) | to_scratch),
+            cpu=torch.from_numpy(miss & ~to_scratch),
             fetch_sync=list(scratch),
             scratch=scratch,
         )
+
+    def batch_planner(self, resident: list[set[int]], n_experts: int) -> FiddlerBatchPlanner | None:
+        return FiddlerBatchPlanner(self, as_mask(resident, n_experts)) if type(self) is Fiddler else None
+
+
+class FiddlerBatchPlanner:
+    """`Fiddler.plan` for chunks of forwards: placement is static, a miss goes to the CPU
+    or to a scratch copy by its load alone."""
+
+    def __init__(self, system: Fiddler, resident: np.ndarray) -> None:
+        self.system, self.resident = system, resident
+
+    def plan(self, loads: np.ndarray, steps: list[StepInfo]) -> LayerOutcomes:
+        routed = loads > 0
+        miss = routed & ~self.resident
+        to_scratch = miss & ~self.system.cheaper_on_cpu(loads)
+        zeros = np.zeros(loads.shape[:2], np.int64)
+        return LayerOutcomes(loads, (routed & self.resident) | to_scratch, miss, zeros, to_scratch.sum(-1), zeros)
+
+    def residency(self) -> np.ndarray:
+        return self.resident

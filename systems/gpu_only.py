@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from systems.base import LayerPlan, PrepareContext, System
@@ -39,8 +40,8 @@ class GpuOnly(System):
     def plan(
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
-        routed = load > 0
-        return LayerPlan(gpu=routed.clone(), cpu=torch.zeros_like(routed))
+        routed = load.numpy() > 0
+        return LayerPlan(gpu=torch.from_numpy(routed), cpu=torch.from_numpy(np.zeros_like(routed)))
 
     def report(self) -> dict[str, object]:
         # B >= E means the budget holds every expert of every layer (B is capped at E).

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from harness.errors import HarnessError
@@ -63,8 +64,8 @@ class MixtralOffload(System):
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
         lru = [e for e in self.lru[layer] if e in resident]  # the engine's residency is the truth
-        routed_mask = load > 0
-        routed = torch.nonzero(routed_mask).flatten().tolist()
+        routed_mask = load.numpy() > 0
+        routed = np.flatnonzero(routed_mask).tolist()
         hits = [e for e in routed if e in resident]
         misses = [e for e in routed if e not in resident]
         room = max(0, self.capacity - len(hits))  # slots once every unused expert is evicted
@@ -75,8 +76,8 @@ class MixtralOffload(System):
         kept = [e for e in lru if e not in used and e not in evict]
         self.lru[layer] = kept + sorted(hits + cached)
         plan = LayerPlan(
-            gpu=routed_mask.clone(),
-            cpu=torch.zeros_like(routed_mask),
+            gpu=torch.from_numpy(routed_mask),
+            cpu=torch.from_numpy(np.zeros_like(routed_mask)),
             fetch_sync=cached + scratch,
             scratch=scratch,
             evict=evict,

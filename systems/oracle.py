@@ -1,7 +1,7 @@
 """Oracle: a hindsight lower bound on the modeled time of every budget-B system here.
 
 Per layer and step it may hold *any* B experts, moved for free (the engine does not
-charge its residency moves: `free_movement`), and it picks the GPU set G that minimises
+charge its residency moves: `LayerPlan.free_moves`), and it picks the GPU set G that minimises
 the layer's modeled time under the cost model, with the CPU running concurrently:
 
     Phi(G) = max(copy(max(0, |G| - B)) + sum_G gpu(n_e),  sum_{routed - G} cpu(n_e))
@@ -32,9 +32,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from harness.cost import CostModel
+from harness.ordered_sums import torch_sum
 from systems.base import LayerPlan, PrepareContext, System
 
 
@@ -43,23 +45,20 @@ class OracleConfig:
     name: str = "oracle"
 
 
-def _bits(x: int) -> torch.Tensor:
+def _bits(x: int) -> np.ndarray:
     """Positions of the set bits of a non-negative int, ascending."""
-    raw = torch.frombuffer(
-        bytearray(x.to_bytes(max(1, (x.bit_length() + 7) // 8), "little")), dtype=torch.uint8
-    )
-    bits = (raw.long().unsqueeze(1) >> torch.arange(8)) & 1
-    return torch.nonzero(bits.flatten()).flatten()
+    raw = np.frombuffer(x.to_bytes(max(1, (x.bit_length() + 7) // 8), "little"), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(raw, bitorder="little"))
 
 
-def _affine(n: torch.Tensor, t: torch.Tensor) -> tuple[float, float] | None:
+def _affine(n: np.ndarray, t: np.ndarray) -> tuple[float, float] | None:
     """(alpha, beta) with t = alpha + beta n on every point, or None."""
     lo, hi = int(n.argmin()), int(n.argmax())
     if n[hi] == n[lo]:
-        return float(t.mean()), 0.0
+        return float(torch.from_numpy(t).mean()), 0.0
     beta = float((t[hi] - t[lo]) / (n[hi] - n[lo]))
     alpha = float(t[lo]) - beta * float(n[lo])
-    if torch.allclose(alpha + beta * n.double(), t, rtol=1e-9, atol=1e-15):
+    if np.allclose(alpha + beta * n.astype(np.float64), t, rtol=1e-9, atol=1e-15):
         return alpha, beta
     return None
 
@@ -89,43 +88,45 @@ class _SubsetSums:
         return chosen
 
 
-def _heavy_options(h_n: torch.Tensor, g: torch.Tensor, h: torch.Tensor):
+def _heavy_options(h_n: np.ndarray, g: np.ndarray, h: np.ndarray):
     """Per reachable count j of heavy experts on the GPU: (j, token sums s, their GPU time,
     the CPU time they take off the CPU), plus a way back from (j, s) to the subset."""
     fit_g, fit_h = (_affine(h_n, g), _affine(h_n, h)) if len(h_n) else ((0.0, 0.0), (0.0, 0.0))
     if fit_g is None or fit_h is None:  # not affine: all heavy experts on the GPU
-        zero = torch.zeros(1, dtype=torch.float64)
-        options = [(len(h_n), zero, zero + float(g.sum()), zero + float(h.sum()))]
+        zero = np.zeros(1)
+        options = [(len(h_n), zero, zero + torch_sum(g), zero + torch_sum(h))]
         return options, (lambda j, s: list(range(len(h_n)))), False
     sums = _SubsetSums(h_n.tolist())
     options = []
     for j, reach in enumerate(sums.reach):
         if reach:
-            s = _bits(reach).double()
+            s = _bits(reach).astype(np.float64)
             options.append((j, s, j * fit_g[0] + fit_g[1] * s, j * fit_h[0] + fit_h[1] * s))
     return options, sums.subset, True
 
 
-def best_gpu_set(load: torch.Tensor, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
+def best_gpu_set(load: torch.Tensor | np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
     """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
-    ids = torch.nonzero(load > 0).flatten()
-    n = load[ids].long()
-    g, h = cost.gpu_expert_times(n), cost.cpu_expert_times(n)
+    loads = load.numpy() if isinstance(load, torch.Tensor) else load
+    ids = np.flatnonzero(loads > 0)
+    n = loads[ids].astype(np.int64)
+    top = int(n.max()) if n.size else 0
+    g, h = cost.time_table("gpu", top)[n], cost.time_table("cpu", top)[n]
     g1, c1 = cost.gpu_expert_time(1), cost.copy_time(1)
     flat = g == g1
     # flat experts heaviest first (ties to the lower id: ids ascend and the sort is stable)
-    order = torch.sort(n[flat], descending=True, stable=True).indices
+    order = np.argsort(-n[flat], kind="stable")
     flat_ids = ids[flat][order]
-    cpu_saved_flat = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(h[flat][order], 0)])
-    k = torch.arange(len(flat_ids) + 1, dtype=torch.float64)
+    cpu_saved_flat = np.concatenate([np.zeros(1), np.cumsum(h[flat][order])])
+    k = np.arange(len(flat_ids) + 1, dtype=np.float64)
     heavy_ids = ids[~flat]
     options, subset_of, exact = _heavy_options(n[~flat], g[~flat], h[~flat])
-    total_cpu = float(h.sum())
+    total_cpu = torch_sum(h)
     best = (float("inf"), 0, 0, 0)  # (phi, j, s, flat experts on the GPU)
     for j, s, heavy_gpu, heavy_cpu in options:
-        gpu_side = (c1 * (k + j - capacity).clamp(min=0) + k * g1)[None, :] + heavy_gpu[:, None]
+        gpu_side = (c1 * np.maximum(k + j - capacity, 0) + k * g1)[None, :] + heavy_gpu[:, None]
         cpu_side = total_cpu - cpu_saved_flat[None, :] - heavy_cpu[:, None]
-        phi = torch.maximum(gpu_side, cpu_side)
+        phi = np.maximum(gpu_side, cpu_side)
         at = int(phi.argmin())
         row, col = divmod(at, phi.shape[1])
         if float(phi[row, col]) < best[0]:
@@ -138,7 +139,6 @@ def best_gpu_set(load: torch.Tensor, capacity: int, cost: CostModel) -> tuple[li
 class Oracle(System):
     name = "oracle"
     overlap = True
-    free_movement = True  # the engine does not charge its residency moves
 
     def __init__(self) -> None:
         super().__init__()
@@ -152,29 +152,28 @@ class Oracle(System):
     def plan(
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
-        chosen, _, exact = best_gpu_set(load, self.capacity, self.ctx.cost)
+        loads = load.numpy()
+        chosen, _, exact = best_gpu_set(loads, self.capacity, self.ctx.cost)
         self.planned_layers += 1
         self.inexact_layers += not exact
         on_gpu = set(chosen)
-        routed = torch.nonzero(load > 0).flatten().tolist()
-        held = self._held(on_gpu, routed, load, resident)
+        routed = np.flatnonzero(loads > 0).tolist()
+        held = self._held(on_gpu, routed, loads.tolist(), resident)
         fetch = sorted(held - resident)
         evict = sorted(resident - held)
         scratch = sorted(on_gpu - held)
-        gpu = torch.zeros_like(load, dtype=torch.bool)
+        gpu = np.zeros(loads.shape[0], bool)
         gpu[chosen] = True
         return LayerPlan(
-            gpu=gpu, cpu=(load > 0) & ~gpu, fetch_sync=fetch + scratch, scratch=scratch, evict=evict
+            gpu=torch.from_numpy(gpu), cpu=torch.from_numpy((loads > 0) & ~gpu), fetch_sync=fetch + scratch,
+            scratch=scratch, evict=evict, free_moves=True,  # hindsight: the engine charges no residency move
         )
 
-    def _held(
-        self, on_gpu: set[int], routed: list[int], load: torch.Tensor, resident: frozenset[int]
-    ) -> set[int]:
+    def _held(self, on_gpu: set[int], routed: list[int], loads: list[int], resident: frozenset[int]) -> set[int]:
         """B experts to hold (moves are free, so which ones is immaterial to the charge):
         G's experts already resident (a resident expert cannot be a scratch copy), then
         G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so the
         GPU holds this step's top-B when G is heaviest-first."""
-        loads = load.tolist()
         by_load = sorted(routed, key=lambda e: (-loads[e], e))
         ranked = [e for e in by_load if e in on_gpu and e in resident]
         ranked += [e for e in by_load if e in on_gpu and e not in resident]

@@ -43,22 +43,12 @@ SYSTEM_CONFIGS: dict[str, type] = {
 }
 
 
-def _plain(options: Any) -> dict[str, Any]:
-    if options is None:
-        return {}
-    if not isinstance(options, Mapping):
-        from omegaconf import OmegaConf  # a Hydra DictConfig or structured config object
-
-        options = OmegaConf.to_container(OmegaConf.structured(options), resolve=True)
-    return dict(options)
-
-
-def make_system(name: str, options: Any = None) -> System:
-    """Build system `name` from its options (a dict, a DictConfig, or its config object;
-    a `name` key, if present, must agree). Unknown names and keys are HarnessErrors."""
+def system_config(name: str, options: Mapping[str, Any] | None = None) -> Any:
+    """The config dataclass of system `name` from plain options (a `name` key, if present,
+    must agree). Unknown names and keys are HarnessErrors."""
     if name not in SYSTEMS:
         raise HarnessError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
-    opts = _plain(options)
+    opts = dict(options or {})
     given = opts.pop("name", name)
     if given != name:
         raise HarnessError(f"system options name {given!r} do not match system {name!r}")
@@ -66,4 +56,18 @@ def make_system(name: str, options: Any = None) -> System:
     unknown = sorted(set(opts) - set(allowed))
     if unknown:
         raise HarnessError(f"unknown option(s) {unknown} for system={name}; allowed: {allowed or 'none'}")
-    return SYSTEMS[name](**opts)
+    return SYSTEM_CONFIGS[name](**opts)
+
+
+def system_from_config(config: Any) -> System:
+    """The system a config dataclass of SYSTEM_CONFIGS describes (HarnessConfig.system)."""
+    name = config.name
+    if name not in SYSTEMS or not isinstance(config, SYSTEM_CONFIGS[name]):
+        raise HarnessError(f"{type(config).__name__} is not the config of a known system; known: {', '.join(SYSTEMS)}")
+    return SYSTEMS[name](**{f.name: getattr(config, f.name) for f in fields(config) if f.name != "name"})
+
+
+def make_system(name: str, options: Mapping[str, Any] | None = None) -> System:
+    """Build system `name` from plain options (tests, the all-GPU decode); a run builds
+    its system from the typed config with `system_from_config`."""
+    return system_from_config(system_config(name, options))

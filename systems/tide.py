@@ -24,11 +24,14 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from harness.bitsets import as_mask, pack, popcount, unpack
 from harness.errors import HarnessError
-from harness.tau_solver import TauSolution, refresh_residency, solve_tau
-from systems.base import LayerPlan, PrepareContext, StepInfo, System, resident_mask
+from harness.ledger import LayerOutcomes
+from harness.tau_solver import TauSolution, solve_tau
+from systems.base import LayerPlan, PrepareContext, StepInfo, System
 
 MIGRATIONS = ("sync", "async")
 
@@ -58,18 +61,35 @@ def parse_tau(tau: object) -> int | str | None:
     return value
 
 
-def refresh_plan(now: torch.Tensor, load: torch.Tensor, capacity: int, migration: str) -> LayerPlan:
-    """A refresh: promote this step's top-B, demote only as many residents as needed.
-    sync: copies land before the layer and the promoted experts compute on the GPU;
-    async: hits run on the GPU, everything else on the CPU while the copies proceed."""
-    routed = load > 0
-    after = refresh_residency(now, load, capacity)
-    promote = torch.nonzero(after & ~now).flatten().tolist()
-    demote = torch.nonzero(now & ~after).flatten().tolist()
+def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: str) -> LayerPlan:
+    """A refresh: promote this step's top-B, demote only as many residents as needed
+    (bool `now` and int `loads` [E] as numpy). sync: copies land before the layer and the
+    promoted experts compute on the GPU; async: hits run on the GPU, everything else on
+    the CPU while the copies proceed."""
+    routed = loads > 0
+    after = refreshed(now, loads, capacity)
+    promote = np.flatnonzero(after & ~now).tolist()
+    demote = np.flatnonzero(now & ~after).tolist()
     if migration == "sync":
-        return LayerPlan(gpu=routed & after, cpu=routed & ~after, fetch_sync=promote, evict=demote)
+        return LayerPlan(gpu=torch.from_numpy(routed & after), cpu=torch.from_numpy(routed & ~after),
+                         fetch_sync=promote, evict=demote)
     kept = now & after
-    return LayerPlan(gpu=routed & kept, cpu=routed & ~kept, fetch_async=promote, evict=demote)
+    return LayerPlan(gpu=torch.from_numpy(routed & kept), cpu=torch.from_numpy(routed & ~kept),
+                     fetch_async=promote, evict=demote)
+
+
+def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
+    """`refresh_residency` of one layer, by the batch planner's rule (`refresh_bits`)."""
+    target = top_b(loads, capacity)
+    after = refresh_bits(pack(now[None]), pack(target[None]), np.array([target.sum()]), capacity, len(now))
+    return unpack(after, len(now))[0]
+
+
+def held_mask(resident: frozenset[int], n_experts: int) -> np.ndarray:
+    """bool [E] numpy: the experts a layer holds."""
+    mask = np.zeros(n_experts, bool)
+    mask[list(resident)] = True
+    return mask
 
 
 class Tide(System):
@@ -132,13 +152,17 @@ class Tide(System):
     def plan(
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
-        routed = load > 0
-        now = resident_mask(resident, routed.shape[0])
+        loads = load.numpy()
+        routed = loads > 0
+        now = held_mask(resident, routed.shape[0])
         if not self.refreshing:
-            return LayerPlan(gpu=routed & now, cpu=routed & ~now)
-        plan = refresh_plan(now, load, self.capacity, self.migration)
+            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(routed & ~now))
+        plan = refresh_plan(now, loads, self.capacity, self.migration)
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan
+
+    def batch_planner(self, resident: list[set[int]], n_experts: int) -> TideBatchPlanner | None:
+        return TideBatchPlanner(self, as_mask(resident, n_experts)) if type(self) is Tide else None
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -167,3 +191,83 @@ class Tide(System):
                 routed_pairs_per_step=s.routed_pairs_per_step,
             )
         return out
+
+
+# ---- the batch planner: `Tide.plan` over chunks of forwards ---------------------------
+def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
+    """`top_b_mask` over the last axis of an int array: the top-`capacity` routed experts
+    by load, ties to the lower id."""
+    n_experts = load.shape[-1]
+    if capacity <= 0:
+        return np.zeros(load.shape, bool)
+    if capacity >= n_experts:
+        return load > 0
+    # one unique key per expert (load, then lower id first); the top-B keys are those at or
+    # above the capacity-th largest, found by a partial sort; routed experts have keys >= E
+    dtype = np.int64 if load.size and (int(load.max()) + 1) * n_experts >= 2**31 else np.int32
+    key = load.astype(dtype, copy=False) * dtype(n_experts)
+    key += np.arange(n_experts - 1, -1, -1, dtype=dtype)
+    kth = np.partition(key, n_experts - capacity, axis=-1)[..., n_experts - capacity, None]
+    return key >= np.maximum(kth, n_experts)
+
+
+def refresh_bits(resident: np.ndarray, target: np.ndarray, n_target: np.ndarray, capacity: int,
+                 n_experts: int) -> np.ndarray:
+    """`refresh_residency` on packed rows [L, W] (`n_target`: each target row's size).
+
+    A refresh demotes |resident - target| + |target| - B experts when that is positive: all
+    of resident - target when the target is full (|target| = B), so such a row ends as the
+    target, and a row that demotes nothing ends as resident | target. Otherwise the target
+    is short of B because it holds every routed expert, so the candidates all have load 0
+    and `refresh_residency`'s order (lowest load, then lowest id) is the lowest ids."""
+    n_demote = popcount(resident & ~target) + n_target - capacity
+    demoting = n_demote > 0
+    after = np.where(demoting[:, None], target, resident | target)
+    partial = np.flatnonzero(demoting & (n_target < capacity))
+    if partial.size:
+        candidates = unpack(resident[partial] & ~target[partial], n_experts)
+        kept = candidates & (np.cumsum(candidates, axis=-1) > n_demote[partial, None])
+        after[partial] |= pack(kept)
+    return after
+
+
+class TideBatchPlanner:
+    """Residency carried forward by forward in packed rows; the system's own `on_step`
+    runs for every forward (refresh flags, tau draws, the refresh count)."""
+
+    def __init__(self, system: Tide, resident: np.ndarray) -> None:
+        self.system, self.n_experts = system, resident.shape[-1]
+        self.resident = pack(resident)
+
+    def plan(self, loads: np.ndarray, steps: list[StepInfo]) -> LayerOutcomes:
+        system, capacity = self.system, self.system.capacity
+        refreshing = np.zeros(len(steps), bool)
+        for i, step in enumerate(steps):
+            system.on_step(step)
+            refreshing[i] = system.refreshing
+        targets = np.zeros((len(steps), *self.resident.shape), np.uint64)
+        if refreshing.any():
+            targets[refreshing] = pack(top_b(loads[refreshing], capacity))
+        n_target = popcount(targets)
+        # held[i]: residency when forward i starts; held[i + 1]: after its refresh, if any
+        held = np.empty((len(steps) + 1, *self.resident.shape), np.uint64)
+        held[0] = self.resident
+        for i in range(len(steps)):
+            held[i + 1] = held[i]
+            if refreshing[i]:
+                held[i + 1] = refresh_bits(held[i], targets[i], n_target[i], capacity, self.n_experts)
+        self.resident = held[-1].copy()
+        start, after = held[:-1], held[1:]
+        promoted = popcount(after & ~start)
+        system.migrated += int(promoted.sum())
+        sync = system.migration == "sync"
+        routed = loads > 0
+        # sync: promotions land before the layer computes and serve it; async: they land in
+        # the background, so only experts resident before and after serve on the GPU
+        on_gpu = routed & unpack(after if sync else after & start, self.n_experts)
+        missed = routed & ~unpack(start, self.n_experts)
+        zeros = np.zeros_like(promoted)
+        return LayerOutcomes(loads, on_gpu, missed, promoted if sync else zeros, zeros, zeros if sync else promoted)
+
+    def residency(self) -> np.ndarray:
+        return unpack(self.resident, self.n_experts)

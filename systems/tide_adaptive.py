@@ -37,12 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from harness.errors import HarnessError
-from harness.tau_solver import top_b_mask
-from systems.base import LayerPlan, PrepareContext, StepInfo, System, resident_mask
-from systems.tide import MIGRATIONS, refresh_plan
+from harness.ordered_sums import torch_sum
+from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from systems.tide import MIGRATIONS, held_mask, refresh_plan, top_b
 
 
 @dataclass
@@ -61,15 +62,16 @@ class StepTally:
 
 
 def layer_regret(
-    load: torch.Tensor, resident: torch.Tensor, capacity: int, gpu: torch.Tensor, cpu: torch.Tensor, copy_s: float
+    loads: np.ndarray, resident: np.ndarray, capacity: int, gpu: np.ndarray, cpu: np.ndarray, copy_s: float
 ) -> tuple[float, float]:
     """(regret, buy) of one layer: what keeping `resident` costs over this step's top-B
     resident, and what copying the missing top-B would cost. gpu / cpu: each expert's
-    times at this load."""
-    routed = load > 0
-    top = top_b_mask(load, capacity)
-    stale = max(float(gpu[routed & resident].sum()), float(cpu[routed & ~resident].sum()))
-    fresh = max(float(gpu[top].sum()), float(cpu[routed & ~top].sum()))
+    times at this load (float64 [E]); each side's seconds are the torch sum of its times
+    in id order."""
+    routed = loads > 0
+    top = top_b(loads, capacity)
+    stale = max(torch_sum(gpu[routed & resident]), torch_sum(cpu[routed & ~resident]))
+    fresh = max(torch_sum(gpu[top]), torch_sum(cpu[routed & ~top]))
     return max(0.0, stale - fresh), copy_s * int((top & ~resident).sum())
 
 
@@ -151,27 +153,25 @@ class TideAdaptive(System):
     def plan(
         self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
     ) -> LayerPlan:
-        routed = load > 0
-        now = resident_mask(resident, routed.shape[0])
+        loads = load.numpy()
+        routed = loads > 0
+        now = held_mask(resident, routed.shape[0])
         if self.current is not None and self.current.kind == "denoise":
-            self._observe(load, now)
+            self._observe(loads, now)
         if not self.refreshing:
-            return LayerPlan(gpu=routed & now, cpu=routed & ~now)
-        return self._refresh(load, routed, now)
+            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(routed & ~now))
+        plan = refresh_plan(now, loads, self.capacity, self.migration)
+        self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
+        return plan
 
-    def _observe(self, load: torch.Tensor, now: torch.Tensor) -> None:
+    def _observe(self, loads: np.ndarray, now: np.ndarray) -> None:
         cost = self.ctx.cost
-        regret, buy = layer_regret(
-            load, now, self.capacity, cost.gpu_expert_times(load), cost.cpu_expert_times(load), cost.copy_time(1)
-        )
+        top = int(loads.max()) if loads.size else 0
+        gpu, cpu = cost.time_table("gpu", top)[loads], cost.time_table("cpu", top)[loads]
+        regret, buy = layer_regret(loads, now, self.capacity, gpu, cpu, cost.copy_time(1))
         self.tally.regret_s += regret
         self.tally.buy_s += buy
         self.tally.layers += 1
-
-    def _refresh(self, load: torch.Tensor, routed: torch.Tensor, now: torch.Tensor) -> LayerPlan:
-        plan = refresh_plan(now, load, self.capacity, self.migration)
-        self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
-        return plan
 
     def report(self) -> dict[str, Any]:
         self._close_step()

@@ -19,8 +19,8 @@ import harness.model.experts as experts_module
 from harness.cost import CostModel, HardwareConfig
 from harness.decoding import DecodeSettings
 from harness.engine import OffloadEngine
-from harness.hybrid.executor import HybridExecutor
-from harness.hybrid.placement import attach, wrap
+from harness.hybrid.executor import HybridExecutor, wrap
+from harness.hybrid.placement import attach
 from harness.hybrid.runtime import Op, StandInRuntime
 from harness.model import LoadedModel
 from harness.model.checkpoint import from_pretrained, load_tokenizer

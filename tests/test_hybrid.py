@@ -24,13 +24,14 @@ from harness.cost import CostModel, HardwareConfig
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend, resolve_backend
-from harness.hybrid.executor import HybridExecutor, apply_measured
-from harness.hybrid.placement import attach, wrap
+from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
+from harness.hybrid.placement import attach
 from harness.hybrid.pool import SlotPool
 from harness.hybrid.runtime import Op, StandInRuntime
 from harness.model.config import LLaDA2Config
 from harness.model.proxy import proxy_config
 from harness.profiling import fit_gpu_roofline
+from harness.result import RunIdentity, RunResult
 from harness.run import decode_prompts, decode_with_engine, run_job
 from harness.trace import RoutingTrace
 from systems.registry import make_system
@@ -213,10 +214,12 @@ def test_each_step_records_measured_beside_modeled_time(runs) -> None:
 
 
 def test_apply_measured_makes_tokens_per_s_measured_and_keeps_the_modeled_rate() -> None:
-    result = {"timing": "modeled", "metrics": {"tokens_per_s": 50.0, "generated_tokens": 20}}
+    result = RunResult(RunIdentity(backend="cpu"), metrics={"tokens_per_s": 50.0, "generated_tokens": 20})
     apply_measured(result, {"measured_time_s": 4.0, "gpu_peak_mem_bytes": 10}, "cuda")
-    assert result["timing"] == "measured" and result["backend"] == "cuda"
-    assert result["metrics"]["tokens_per_s"] == 5.0 and result["metrics"]["modeled_tokens_per_s"] == 50.0
+    assert result.timing.kind == "measured" and result.identity.backend == "cuda"
+    assert result.metrics["tokens_per_s"] == 5.0 and result.metrics["modeled_tokens_per_s"] == 50.0
+    assert result.timing.figures == {"measured_time_s": 4.0, "gpu_peak_mem_bytes": 10}
+    assert result["metrics"]["gpu_peak_mem_bytes"] == 10  # result.json's flat metrics
 
 
 def test_the_fitted_gpu_roofline_reproduces_both_ends_of_the_measured_table() -> None:
@@ -281,7 +284,7 @@ def test_a_device_run_goes_through_the_executor_with_a_per_backend_reference(tmp
     assert m["modeled_tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["modeled_time_s"])
     assert all("measured_s" in s for s in result["step_series"])
     prompts = harness.run.load_prompts(cfg.workload, cfg.limit_prompts)
-    cpu_key = harness.run.reference_tokens(cfg, harness.run.decode_settings(cfg), prompts)[0]
+    cpu_key = harness.run.reference_tokens(cfg, cfg.decode, prompts)[0]
     assert len(list((cache / "reference").iterdir())) == 1  # the stand-in's own, not the cpu backend's
     assert cpu_key not in {p.stem for p in (cache / "reference").iterdir()}
     assert closed == ["gpu_only", "gpu_only", "fiddler"]  # calibration, reference, the run: all on the device

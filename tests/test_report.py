@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness import report, tracking
-from harness.results import read_json, write_json_atomic
+from harness.result import RunResult
+from harness.results import write_json_atomic
 from tests.harness_cli import empty_store, sqlite_uri
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -108,7 +109,7 @@ def test_report_from_mlflow_matches_the_run_dirs(runs_dir: Path, tmp_path: Path)
     store = sqlite_uri(empty_store(tmp_path / "mlflow.db"))
     settings = tracking.TrackingConfig(uri=store, experiment="report-test")
     for run_dir in tracking.result_dirs([runs_dir]):  # oldest first, as the fixture was written
-        tracking.log_result(read_json(run_dir / "result.json"), run_dir, settings)
+        tracking.log_result(RunResult.from_json(run_dir / "result.json"), run_dir, settings)
     out = tmp_path / "from_mlflow"
     assert report.main(["--from-mlflow", store, "--out", str(out)]) == 0
     assert_expected_table(read_csv(out / "report.csv"))

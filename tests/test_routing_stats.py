@@ -10,8 +10,10 @@ import torch
 
 from harness.analyze import main as analyze_main
 from harness.decoding import StepInfo
+from harness.errors import HarnessError
 from harness.report import routing_markdown
 from harness.routing_stats import (
+    main,
     routing_metrics,
     routing_statistics,
     statistics_with_uniform,
@@ -132,3 +134,42 @@ def test_report_prints_statistics_beside_uniform():
     text = routing_markdown([record, {**record, "routing": None}])
     assert "| mini | random-proxy | prefix | 32 | 32 | 64 | 44 (162) | 0.99 (0.25) | 45 | 2.7 |" in text
     assert routing_markdown([{**record, "routing": None}]) == ""
+
+
+def small_trace(rows: list[list[int]], kinds: list[str] | None = None) -> RoutingTrace:
+    """One layer of 4 experts, one forward per row."""
+    trace = RoutingTrace(1, 4)
+    for i, load in enumerate(rows):
+        trace.add_step(StepInfo(0, 0, i, i, True, (kinds or ["denoise"] * len(rows))[i]), 4, 4)
+        trace.record(0, torch.tensor(load))
+    return trace
+
+
+def test_per_step_share_and_entropy_on_balanced_and_rotating_routing():
+    balanced = routing_statistics(small_trace([[1, 1, 1, 1], [2, 2, 2, 2]]), b=2, max_k=1)
+    assert balanced["load_entropy"] == pytest.approx(1.0)
+    assert balanced["top_b_share"] == pytest.approx(0.5) and balanced["top_b_share_step"] == pytest.approx(0.5)
+    # each step uses one expert, but a different one: concentrated per step, balanced over the run
+    rotating = routing_statistics(small_trace([[4, 0, 0, 0], [0, 4, 0, 0]]), b=1, max_k=1)
+    assert rotating["top_b_share_step"] == 1.0 and rotating["top_b_share"] == pytest.approx(0.5)
+    assert rotating["load_entropy"] == pytest.approx(math.log(2) / math.log(4))
+    assert rotating["distinct_experts_per_layer_step"] == 1 and rotating["forwards"] == 2
+
+
+def test_per_step_statistics_count_denoising_forwards_only():
+    """A commit forward's load counts in the run's popularity, not in the per-step figures."""
+    stats = routing_statistics(small_trace([[9, 0, 0, 0], [1, 1, 1, 1]], ["commit", "denoise"]), b=1, max_k=1)
+    assert stats["forwards"] == 1 and stats["top_b_share_step"] == pytest.approx(0.25)
+    assert stats["distinct_experts_per_layer_step"] == 4 and stats["top_b_share"] == pytest.approx(10 / 13)
+    with pytest.raises(HarnessError, match="no denoising steps"):
+        routing_statistics(small_trace([[1, 0, 0, 0]], ["prefill"]), b=1)
+
+
+def test_cli_prints_the_statistics_and_bad_input_is_one_line(tmp_path, capsys):
+    path = small_trace([[1, 1, 1, 1]]).save(tmp_path / "t.npz")
+    assert main([str(path), "2"]) == 0
+    assert "top_b_share=0.5 (uniform" in capsys.readouterr().out
+    with pytest.raises(HarnessError, match="between 1 and the trace's 4 experts"):
+        main([str(path), "5"])
+    with pytest.raises(HarnessError):
+        main([str(tmp_path / "missing.npz")])

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import sweep_run, tracking
+from harness.result import RunResult
 from harness.sweep_run import ENDED_TAG, RESUMES_TAG
 from harness.tracking import TrackingConfig
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, runs_of, sqlite_uri
@@ -91,7 +92,7 @@ def test_an_interrupted_child_log_is_ended_killed_and_deleted(
     run_dir = write_run(tmp_path / "run", hand_made_result())
     monkeypatch.setattr(tracking, "log_config_yaml", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        tracking.log_result(hand_made_result(), run_dir, settings)
+        tracking.log_result(RunResult.from_dict(hand_made_result()), run_dir, settings)
     client = client_of(settings)
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, run_view_type=ViewType.ALL)

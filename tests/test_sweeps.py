@@ -113,10 +113,14 @@ def test_resume_runs_only_the_missing_jobs(basic_sweep: dict, tmp_path: Path, pr
         rows = list(csv.DictReader(f))
     assert sorted((r["status"], r["budget"]) for r in rows) == [
         ("ok", "30GB"), ("ok", "30GB"), ("skipped", "10GB"), ("skipped", "10GB")]
-    # MLflow holds each result once: only the jobs that ran are children of this sweep's parent
+    # this store never saw the reused results (the basic sweep logged to its own store), so resume
+    # logs them once, as children of this sweep's parent, beside the jobs that ran (issue 14 (b))
     parents, children = parent_and_children(store)
-    assert len(parents) == 1 and len(children) == 2
-    assert {c.data.tags["budget"] for c in children} == {"30GB"}
+    assert len(parents) == 1 and len(children) == 4
+    assert sorted(c.data.tags["budget"] for c in children) == ["10GB", "10GB", "30GB", "30GB"]
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    reused_dirs = {str(p.parent) for p in pointers if tmp_path not in p.parents}
+    assert {c.data.tags["run_dir"] for c in children if c.data.tags["budget"] == "10GB"} == reused_dirs
 
 
 def _free_port() -> int:

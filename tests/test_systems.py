@@ -22,7 +22,7 @@ from harness.trace import RoutingTrace
 from systems.base import StepInfo
 from systems.fiddler import Fiddler
 from systems.oracle import best_gpu_set
-from systems.registry import SYSTEM_CONFIGS, SYSTEMS, make_system
+from systems.registry import SYSTEM_CONFIGS, SYSTEMS, make_system, system_from_config
 from systems.tide import Tide
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "system"
@@ -331,7 +331,7 @@ def drive(
             routed = load > 0
             assert not (plan.gpu & plan.cpu).any() and torch.equal(plan.gpu | plan.cpu, routed)
             assert all(len(eng.layer_resident(lay)) <= cap for lay in range(geo.n_moe_layers))
-            free = eng.free_movement
+            free = plan.free_moves
             cached = len(plan.fetch_sync) - len(plan.scratch)
             expect["copies_sync"] += 0 if free else cached
             expect["copies_scratch"] += len(plan.scratch)
@@ -402,9 +402,12 @@ def test_system_yaml_keys_match_the_config_classes(path: Path) -> None:
     raw = OmegaConf.load(path)
     if raw.get("name") not in SYSTEM_CONFIGS:
         pytest.skip(f"{path.name} is not a system of this registry")
+    assert list(raw.pop("defaults")) == [f"{raw.name}_schema", "_self_"]  # the node is typed by its schema
     schema = SYSTEM_CONFIGS[raw.name]
     assert set(raw.keys()) == {f.name for f in fields(schema)}
-    make_system(raw.name, OmegaConf.merge(OmegaConf.structured(schema), raw))
+    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+    assert isinstance(config, schema)
+    system_from_config(config)
 
 
 def test_fiddler_initial_residency_is_each_layers_top_b_by_popularity() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -90,14 +91,14 @@ def test_adaptive_tau_is_close_to_the_best_fixed_tau(drift: tuple[int, int]) -> 
 
 # ---- the rent-or-buy rule on hand-made loads -----------------------------------------
 def test_layer_regret_is_the_cost_model_gap_to_a_fresh_top_b() -> None:
-    load = torch.tensor([100, 0, 100, 0, 1, 0, 0, 0])
-    gpu, cpu = COST.gpu_expert_times(load), COST.cpu_expert_times(load)
-    held = torch.tensor([True, True, False, False, False, False, False, False])
+    load = np.array([100, 0, 100, 0, 1, 0, 0, 0])
+    gpu, cpu = (times(torch.from_numpy(load)).numpy() for times in (COST.gpu_expert_times, COST.cpu_expert_times))
+    held = np.array([True, True, False, False, False, False, False, False])
     regret, buy = layer_regret(load, held, 2, gpu, cpu, COST.copy_time(1))
     stale = max(COST.gpu_expert_time(100), COST.cpu_expert_time(100) + COST.cpu_expert_time(1))
     fresh = max(2 * COST.gpu_expert_time(100), COST.cpu_expert_time(1))
     assert regret == pytest.approx(stale - fresh) and buy == pytest.approx(COST.copy_time(1))
-    top = torch.tensor([True, False, True, False, False, False, False, False])
+    top = np.array([True, False, True, False, False, False, False, False])
     assert layer_regret(load, top, 2, gpu, cpu, COST.copy_time(1)) == (0.0, 0.0)
 
 
@@ -117,8 +118,8 @@ def test_a_refresh_comes_when_the_accumulated_regret_pays_for_it(tokens: int) ->
     load = torch.zeros(8, dtype=torch.long)
     load[0], load[2] = 100, tokens
     held = torch.tensor([True, True] + [False] * 6)
-    regret, price = layer_regret(load, held, 2, COST.gpu_expert_times(load), COST.cpu_expert_times(load),
-                                 COST.copy_time(1))
+    regret, price = layer_regret(load.numpy(), held.numpy(), 2, COST.gpu_expert_times(load).numpy(),
+                                 COST.cpu_expert_times(load).numpy(), COST.copy_time(1))
     expected = next(s for s in range(2, 100) if regret * s >= price)
     refreshed = []
     for s in range(1, 40):

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from harness import tracking
+from harness import mlflow_ui, tracking
 from harness.artifacts import code_version
+from harness.result import RunResult
 from harness.results import write_json_atomic
 from harness.resume import config_hash, index_result, prior_result
+from harness.tracking import TrackingConfig
+from harness.workload import prompts_digest, workload_record
 from tests.harness_cli import TINY, empty_store, run_module, runs_of, sqlite_uri
 
 
@@ -20,7 +27,7 @@ def hand_made_result(system: str = "tide", budget: str = "10GB") -> dict:
         "hardware": "a100_pcie4", "decode_cache": "prefix", "budget": {"name": budget, "experts_per_layer": 64},
         "config": {"model": {"name": "tiny"}, "decode": {"gen_length": 8, "block_length": 4, "cache": "prefix"},
                    "system": {"name": system, "tau": "auto"}, "budget": {"name": budget},
-                   "workload": {"prompts": ["a long prompt " * 80, "b"]},
+                   "workload": {"name": "coding", "prompts": ["a long prompt " * 80, "b"]},
                    "tracking": {"uri": "http://nowhere:1"}, "cache_dir": "/tmp/c", "resume": False},
         "metrics": {"tokens_per_s": 120.5, "miss_rate": 0.25, "io_gb": 0.5, "lossless": 1, "tau_star": 2,
                     "ratio_ok": True, "note": "text is not a metric"},
@@ -29,6 +36,10 @@ def hand_made_result(system: str = "tide", budget: str = "10GB") -> dict:
         "system_report": {"lat_curve": [0.3, 0.2, 0.25], "d": 0.1},
         "outputs": [], "steps": [], "first_text": "", "versions": {"machine": "testbox", "code": code_version()},
     }
+
+
+def typed(result: dict) -> RunResult:
+    return RunResult.from_dict(result)
 
 
 def write_run(run_dir: Path, result: dict) -> Path:
@@ -46,7 +57,7 @@ def test_log_run_records_params_tags_metrics_series_and_artifacts(tmp_path: Path
 
     run_dir = write_run(tmp_path / "run", hand_made_result())
     (run_dir / "throughput.png").write_bytes(b"\x89PNG fake")
-    run_id = tracking.log_run(hand_made_result(), run_dir, {"tracking": {"uri": sqlite_uri(store)}})
+    run_id = tracking.log_run(typed(hand_made_result()), run_dir, TrackingConfig(uri=sqlite_uri(store)))
     assert run_id is not None
     client = MlflowClient(tracking_uri=sqlite_uri(store))
     run = client.get_run(run_id)
@@ -67,11 +78,96 @@ def test_log_run_records_params_tags_metrics_series_and_artifacts(tmp_path: Path
     assert tracking.is_logged(run_dir, sqlite_uri(store))
 
 
+def test_experiment_declares_the_model_training_kind(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    store = empty_store(tmp_path / "kind.db")
+    client = MlflowClient(tracking_uri=sqlite_uri(store))
+    old = client.create_experiment("llada2-old")  # made before the harness declared a kind
+    chosen = client.create_experiment("llada2-chosen", tags={mlflow_ui.EXPERIMENT_KIND_TAG: "genai_development"})
+    settings = tracking.TrackingConfig(uri=sqlite_uri(store))
+    for name in ("llada2-new", "llada2-old", "llada2-chosen"):
+        tracking.log_result(typed(hand_made_result()), write_run(tmp_path / name, hand_made_result()),
+                            dataclasses.replace(settings, experiment=name))
+    kinds = {e.name: e.tags.get(mlflow_ui.EXPERIMENT_KIND_TAG) for e in client.search_experiments()}
+    assert kinds["llada2-new"] == kinds["llada2-old"] == "custom_model_development"
+    assert kinds["llada2-chosen"] == "genai_development"  # a user's choice is kept
+    assert client.get_experiment(old).tags[mlflow_ui.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert chosen
+
+
+def test_child_run_has_a_description_and_the_workload_as_dataset_input(tmp_path: Path, store: Path) -> None:
+    from mlflow import MlflowClient
+
+    prompts = ["a long prompt " * 80, "b"]
+    result = {**hand_made_result(), "workload": workload_record({"name": "coding"}, prompts[:1])}
+    run_id = tracking.log_run(typed(result), write_run(tmp_path / "run", result), TrackingConfig(uri=sqlite_uri(store)))
+    run = MlflowClient(tracking_uri=sqlite_uri(store)).get_run(run_id)
+    assert run.data.tags[mlflow_ui.NOTE_TAG] == (
+        "**tide** at budget 10GB on `tiny` (proxy weights, modeled timing on a100_pcie4): 120.5 tokens/s (modeled), "
+        "miss rate 25.0%, lossless, workload coding (1 prompt).")
+    [dataset_input] = run.inputs.dataset_inputs
+    dataset = dataset_input.dataset
+    assert (dataset.name, dataset.digest) == ("coding", prompts_digest(prompts[:1]))
+    assert json.loads(dataset.profile) == {"num_rows": 1} and dataset.source_type == "code"
+    assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "benchmark")]
+
+
+def test_an_older_result_gets_its_workload_from_its_config() -> None:
+    result = hand_made_result()  # no "workload" record: written before runs recorded one
+    assert tracking.workload_of(result) == workload_record(result["config"]["workload"],
+                                                           result["config"]["workload"]["prompts"])
+    limited = {**result, "config": {**result["config"], "limit_prompts": 1}}
+    assert tracking.workload_of(limited)["prompts"] == 1
+    from_file = {**result, "config": {**result["config"], "workload": {"name": "jsonl", "path": "/p.jsonl"}}}
+    assert tracking.workload_of(from_file) is None  # the file may have changed since: no guess
+
+
+def test_parent_run_is_named_for_its_sweep_and_describes_it(tmp_path: Path, store: Path) -> None:
+    from mlflow import MlflowClient
+
+    from harness import sweep_run
+
+    settings = tracking.TrackingConfig(uri=sqlite_uri(store))
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    run_id = sweep_run.start_parent_run(settings, sweep_dir, {"tiny"}, ["model=tiny", "system=tide,fiddler"])
+    client = MlflowClient(tracking_uri=sqlite_uri(store))
+    run = client.get_run(run_id)
+    assert re.fullmatch(r"sweep \d{4}-\d\d-\d\d \d\d:\d\d system=tide,fiddler", run.info.run_name)
+    assert "python -m harness -m model=tiny system=tide,fiddler" in run.data.tags[mlflow_ui.NOTE_TAG]
+    table = "| job | tok/s |\n|---|---|\n| 0 | 120.5 |\n"
+    workload = workload_record({"name": "coding"}, ["a"])
+    description = mlflow_ui.parent_description("python -m harness -m model=tiny system=tide,fiddler", table)
+    sweep_run.finish_parent_run(settings, run_id, [], {"jobs": 1.0}, description, [workload])
+    run = client.get_run(run_id)
+    assert run.data.tags[mlflow_ui.NOTE_TAG] == description and table in description
+    assert [(d.dataset.name, d.dataset.digest) for d in run.inputs.dataset_inputs] == [("coding", workload["digest"])]
+    assert run.info.status == "FINISHED"
+
+
+def test_push_names_a_parent_from_the_sweeps_multirun_yaml(tmp_path: Path) -> None:
+    store = empty_store(tmp_path / "push.db")
+    sweep_dir = tmp_path / "sweep"
+    write_run(sweep_dir / "0", hand_made_result())
+    (sweep_dir / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    hydra: [hydra.sweep.dir=/s, hydra.mode=MULTIRUN]\n"
+        "    task: [model=tiny, 'system=tide,fiddler']\n  sweeper:\n    params: {budget: '10GB,18GB'}\n")
+    os.utime(sweep_dir / "multirun.yaml", (1796063580, 1796063580))
+    assert tracking.main(["push", str(sweep_dir), "--uri", sqlite_uri(store)]) == 0
+    [parent] = [r for r in runs_of(store) if r.data.tags["harness.kind"] == "sweep"]
+    started = datetime.fromtimestamp(1796063580).strftime("%Y-%m-%d %H:%M")
+    assert parent.info.run_name == f"sweep {started} system=tide,fiddler budget=10GB,18GB"
+    note = parent.data.tags[mlflow_ui.NOTE_TAG]
+    assert "python -m harness -m model=tiny system=tide,fiddler hydra.sweep.dir=/s" in note
+    assert [d.dataset.name for d in parent.inputs.dataset_inputs] == ["coding"]
+
+
 def test_broken_store_is_one_warning_and_no_exception(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     broken = tmp_path / "broken.db"
     broken.write_text("this is not an sqlite database")
     run_dir = write_run(tmp_path / "run", hand_made_result())
-    assert tracking.log_run(hand_made_result(), run_dir, {"tracking": {"uri": sqlite_uri(broken)}}) is None
+    assert tracking.log_run(typed(hand_made_result()), run_dir, TrackingConfig(uri=sqlite_uri(broken))) is None
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and "push" in warnings[0]
     assert not tracking.is_logged(run_dir, sqlite_uri(broken))
@@ -79,8 +175,8 @@ def test_broken_store_is_one_warning_and_no_exception(tmp_path: Path, capsys: py
 
 def test_disabled_tracking_never_opens_a_store(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", hand_made_result())
-    cfg = {"tracking": {"enabled": False, "uri": sqlite_uri(tmp_path / "never.db")}}
-    assert tracking.log_run(hand_made_result(), run_dir, cfg) is None
+    settings = TrackingConfig(enabled=False, uri=sqlite_uri(tmp_path / "never.db"))
+    assert tracking.log_run(typed(hand_made_result()), run_dir, settings) is None
     assert not (tmp_path / "never.db").exists()
 
 

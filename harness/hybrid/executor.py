@@ -43,7 +43,7 @@ import torch
 
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
-from harness.hybrid.placement import DevicePlacement, HostExperts
+from harness.hybrid.placement import DevicePlacement, HostExperts, placement_of
 from harness.hybrid.pool import SlotPool, fetch_scratch
 from harness.hybrid.runtime import Event
 from harness.model.experts import (
@@ -53,9 +53,12 @@ from harness.model.experts import (
     combine,
     expert_load,
     group_by_expert,
+    row_dtype,
     sort_by_expert,
     weighted_expert_outputs,
 )
+from harness.model.llada2 import LLaDA2Model
+from harness.result import RunResult
 from systems.base import LayerPlan, StepInfo
 
 Scratch = dict[int, tuple[ExpertWeights, Event]]
@@ -155,10 +158,10 @@ class HybridExecutor:
             cpu_experts_s=clock.cpu_s,
         )
         self.steps.append(timing)
-        before = len(self.engine.step_series)
+        opened = self.engine.in_forward
         self.engine.end_step()
-        if len(self.engine.step_series) > before:  # the measured figures beside the modeled ones
-            self.engine.step_series[-1].update(
+        if opened:  # the measured figures beside the modeled ones
+            self.engine.ledger.note_last_forward(
                 measured_s=timing.wall_s, measured_gpu_span_s=timing.gpu_span_s,
                 measured_gpu_experts_s=timing.gpu_experts_s, measured_cpu_experts_s=timing.cpu_experts_s,
             )
@@ -196,7 +199,7 @@ class HybridExecutor:
         plan, pending = engine.decide(layer, load, hint)  # the system's plan, checked; residency moved
         rt.note("plan", layer)
         scratch = self._apply_moves(layer, plan)
-        buffer = x.new_zeros(idx.numel(), x.shape[1])
+        buffer = x.new_zeros(idx.numel(), x.shape[1], dtype=row_dtype(x, w))  # fp32 rows for bf16, as the reference
         cpu_mask = plan.cpu.to(torch.bool)
         cpu_job = None
         if self.overlap and bool(cpu_mask.any()):
@@ -318,12 +321,22 @@ class HybridExecutor:
         }
 
 
-def apply_measured(result: dict[str, Any], measured: dict[str, Any], backend: str) -> None:
+def apply_measured(result: RunResult, measured: dict[str, Any], backend: str) -> None:
     """Turn a live result into a measured one: `tokens_per_s` becomes the measured rate,
-    the modeled rate stays beside it as `modeled_tokens_per_s`."""
-    metrics = result["metrics"]
+    the modeled rate stays beside it as `modeled_tokens_per_s`; the measured figures join
+    the result's timing."""
+    metrics = result.metrics
     metrics["modeled_tokens_per_s"] = metrics["tokens_per_s"]
     seconds = measured["measured_time_s"]
     metrics["tokens_per_s"] = metrics["generated_tokens"] / seconds if seconds > 0 else 0.0
-    metrics.update(measured)
-    result.update(timing="measured", backend=backend)
+    result.timing.kind = "measured"
+    result.timing.figures.update(measured)
+    result.identity.backend = backend
+
+
+def wrap(model: LLaDA2Model, engine: OffloadEngine | HybridExecutor) -> OffloadEngine | HybridExecutor:
+    """The engine itself on the host; a HybridExecutor around it on an attached model."""
+    placement = placement_of(model)
+    if placement is None or isinstance(engine, HybridExecutor):
+        return engine
+    return HybridExecutor(engine, placement)

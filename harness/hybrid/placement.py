@@ -16,7 +16,7 @@ stacks otherwise. Copies from pageable memory are correct but synchronous for th
 thread (the driver stages them), so asynchronous migration then cannot overlap compute;
 the run records `host_experts_pinned` = 0 and says so on stderr.
 
-`wrap(model, engine)` is what a decode hands its MoE layers to: the engine itself for a
+`wrap(model, engine)` (harness/hybrid/executor.py) is what a decode hands its MoE layers to: the engine itself for a
 model left on the host (the cpu backend), a `HybridExecutor` around it for an attached one.
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -33,11 +32,6 @@ from torch import nn
 from harness.hybrid.runtime import Runtime
 from harness.model.experts import ExpertWeights
 from harness.model.llada2 import LLaDA2Model, Router
-
-if TYPE_CHECKING:
-    from harness.engine import OffloadEngine
-    from harness.hybrid.executor import HybridExecutor
-
 
 PIN_FRACTION = 0.5  # of the host's available memory, at most, for pinned experts
 
@@ -136,13 +130,3 @@ def attach(model: LLaDA2Model, runtime: Runtime) -> DevicePlacement:
 
 def placement_of(model: LLaDA2Model) -> DevicePlacement | None:
     return getattr(model, "placement", None)
-
-
-def wrap(model: LLaDA2Model, engine: OffloadEngine | HybridExecutor) -> OffloadEngine | HybridExecutor:
-    """The engine itself on the host; a HybridExecutor around it on an attached model."""
-    from harness.hybrid.executor import HybridExecutor
-
-    placement = placement_of(model)
-    if placement is None or isinstance(engine, HybridExecutor):
-        return engine
-    return HybridExecutor(engine, placement)

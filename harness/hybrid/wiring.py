@@ -12,10 +12,11 @@ these decodes are not timed.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from harness.cost import CostModel
 from harness.engine import OffloadEngine
@@ -28,17 +29,20 @@ from harness.results import fingerprint
 from harness.trace import RoutingTrace
 from systems.registry import make_system
 
+if TYPE_CHECKING:
+    from harness.config import HarnessConfig
+
 RESERVE_FRACTION = 0.1  # of the device's memory, kept for activations, the KV cache, allocator slack
 RESERVE_MIN_BYTES = 2 * 2**30
 
 
-def load_on_device(cfg: DictConfig, backend: str) -> LoadedModel:
+def load_on_device(cfg: HarnessConfig, backend: str) -> LoadedModel:
     """The model of `cfg.model`, attached to the device of `backend` (cuda or standin).
     On CUDA the weights are loaded in bf16, the dtype they run in there: a bf16 checkpoint
     then stays a zero-copy memory map instead of being widened to fp32 on the host first.
     The stand-in keeps the configured dtype, as the cpu backend does."""
     if backend == "cuda":
-        loaded = load_model(OmegaConf.merge(cfg.model, {"dtype": "bfloat16"}), cfg.cache_dir)
+        loaded = load_model(dataclasses.replace(cfg.model, dtype="bfloat16"), cfg.cache_dir)
         attach(loaded.model, CudaRuntime())
     elif backend == "standin":
         loaded = load_model(cfg.model, cfg.cache_dir)

@@ -11,6 +11,7 @@ it.) Every way a checkpoint can be broken gets a one-line `HarnessError`.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import re
 import struct
@@ -39,9 +40,31 @@ class TensorEntry:
     end: int
 
 
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
+ITEM_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
+
+
 def read_shard_header(path: Path) -> dict[str, TensorEntry]:
-    """Parse a safetensors header: u64 little-endian length, then JSON; checks that the
-    file is long enough for every tensor it declares (a truncated download fails here)."""
+    """Parse a safetensors header: u64 little-endian length, then a JSON object of
+    {name: {dtype, shape, data_offsets}}. Every entry is checked against the file: the
+    dtype is one the harness reads, the offsets are inside the file and span exactly
+    shape x item size bytes (a truncated download or a hand-edited header fails here)."""
+    header, data_start, size = _read_header_json(path)
+    if not isinstance(header, dict):
+        raise HarnessError(f"shard {path} has a safetensors header that is a JSON {type(header).__name__}, "
+                           "not an object; re-download it")
+    entries = {}
+    for key, meta in header.items():
+        if key == "__metadata__":
+            continue
+        entries[key] = _tensor_entry(path, key, meta, data_start, size)
+    return entries
+
+
+def _read_header_json(path: Path) -> tuple[object, int, int]:
+    """(parsed header, first data byte, file size); one-line errors for a short or unreadable file."""
+    if path.is_dir():
+        raise HarnessError(f"shard {path} is a directory, not a safetensors file")
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -49,34 +72,55 @@ def read_shard_header(path: Path) -> dict[str, TensorEntry]:
             if len(head) < 8:
                 raise HarnessError(f"shard {path} is truncated ({size} bytes); re-download it")
             (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise HarnessError(f"shard {path} declares a {n}-byte header (the limit is {MAX_HEADER_BYTES}); "
+                                   "it is corrupt or not a safetensors file")
             if 8 + n > size:
                 raise HarnessError(f"shard {path} is truncated (header needs {8 + n} bytes, file has {size})")
             header = json.loads(f.read(n))
     except FileNotFoundError:
         raise HarnessError(f"missing shard {path}; the checkpoint is incomplete, re-download it") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise HarnessError(f"shard {path} has a corrupt safetensors header; re-download it") from None
-    entries = {}
-    for key, meta in header.items():
-        if key == "__metadata__":
-            continue
-        begin, end = (8 + n + o for o in meta["data_offsets"])
-        if end > size:
-            raise HarnessError(f"shard {path} is truncated: {key} ends at byte {end}, file has {size}")
-        if meta["dtype"] not in DTYPES:
-            raise HarnessError(f"{key} in {path} has unsupported dtype {meta['dtype']}")
-        entries[key] = TensorEntry(path, meta["dtype"], tuple(meta["shape"]), begin, end)
-    return entries
+    except OSError as exc:
+        raise HarnessError(f"cannot read shard {path} ({exc.strerror or exc})") from None
+    return header, 8 + n, size
+
+
+def _tensor_entry(path: Path, key: str, meta: object, data_start: int, size: int) -> TensorEntry:
+    where = f"{key} in {path}"
+    if not isinstance(meta, dict):
+        raise HarnessError(f"{where}: the header entry is not an object with dtype, shape and data_offsets")
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in meta]
+    if missing:
+        raise HarnessError(f"{where}: the header entry has no {', '.join(missing)}; the shard is corrupt")
+    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise HarnessError(f"{where} has unsupported dtype {dtype!r}; the harness reads {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise HarnessError(f"{where} has shape {shape!r}; a shape is a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        raise HarnessError(f"{where} has data_offsets {offsets!r}; they must be [begin, end] with 0 <= begin <= end")
+    begin, end = (data_start + o for o in offsets)
+    if end > size:
+        raise HarnessError(f"shard {path} is truncated: {key} ends at byte {end}, file has {size}")
+    need = ITEM_SIZE[dtype] * math.prod(shape)
+    if end - begin != need:
+        raise HarnessError(f"{where} spans {end - begin} bytes but shape {shape} of {dtype} needs {need}; "
+                           "the shard is corrupt")
+    return TensorEntry(path, dtype, tuple(shape), begin, end)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def index_checkpoint(directory: Path) -> dict[str, TensorEntry]:
     """Every tensor of the checkpoint, from the index (sharded) or the single file."""
     index_path = directory / INDEX_FILE
     if index_path.exists():
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError):
-            raise HarnessError(f"{index_path} is not a valid safetensors index (no weight_map)") from None
+        weight_map = read_weight_map(index_path)
         shards = sorted(set(weight_map.values()))
     elif (directory / SINGLE_FILE).exists():
         weight_map, shards = None, [SINGLE_FILE]
@@ -90,6 +134,22 @@ def index_checkpoint(directory: Path) -> dict[str, TensorEntry]:
             if key not in entries:
                 raise HarnessError(f"{INDEX_FILE} puts {key} in {shard}, but that shard does not hold it")
     return entries
+
+
+def read_weight_map(index_path: Path) -> dict[str, str]:
+    """The index's {tensor name: shard file}; every shard a plain file name in the directory."""
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IsADirectoryError, RecursionError):
+        raise HarnessError(f"{index_path} is not a valid safetensors index (no weight_map)") from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise HarnessError(f"{index_path}: weight_map must map tensor names to shard file names")
+    for shard in set(weight_map.values()):
+        if not shard or Path(shard).name != shard or shard in (".", ".."):
+            raise HarnessError(f"{index_path} names shard {shard!r}; shards must be file names inside the checkpoint")
+    return weight_map
 
 
 class ShardMaps:
@@ -127,9 +187,23 @@ def check_layers_match(cfg: LLaDA2Config, entries: dict[str, TensorEntry]) -> No
         )
 
 
+def check_no_unexpected(directory: Path, entries: dict[str, TensorEntry], expected: dict) -> None:
+    """A tensor the model has no parameter for (a bias, an extra layer) means the checkpoint
+    computes something this model does not: refuse it instead of silently dropping it."""
+    extra = sorted(set(entries) - set(expected))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise HarnessError(
+            f"checkpoint {directory} has tensor {extra[0]}{more} that this LLaDA2 implementation does not use; "
+            "it is not the published LLaDA2-MoE layout (or enables a feature not implemented here)"
+        )
+
+
 def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Model:
     """Build the model from a checkpoint directory (real or proxy: same code path)."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise HarnessError(f"model.path={directory} is a file; set it to a LLaDA2 checkpoint directory")
     if not directory.is_dir():
         raise HarnessError(f"checkpoint directory {directory} does not exist; set model.path to a LLaDA2 checkpoint")
     if dtype not in TORCH_DTYPES:
@@ -154,6 +228,7 @@ def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Mode
         t = maps.tensor(entry)
         # router and norms stay fp32-friendly; everything follows the requested dtype
         state[name] = t if t.dtype == target else t.to(target)
+    check_no_unexpected(directory, entries, state)
     model.load_state_dict(state, assign=True, strict=True)
     model._shard_maps = maps  # keep the mappings alive with the model
     model.eval()

@@ -4,6 +4,7 @@ parameter and byte counts the budget and the cost model are built on."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -12,6 +13,68 @@ from harness.errors import HarnessError
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_MASK_ID = 156895
 DEFAULT_EOS_ID = 156892
+
+
+POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
+                   "n_group", "topk_group", "routed_scaling_factor", "rope_theta", "rms_norm_eps",
+                   "max_position_embeddings")
+
+
+def check_field_types(values: dict) -> None:
+    """Each config.json field the harness reads has its dataclass type: an int (not a bool)
+    for counts, a finite number for floats, a bool or a string where those are expected."""
+    types = {f.name: f.type for f in fields(LLaDA2Config)}
+    for name, value in values.items():
+        kind = types[name]
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "float":
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise HarnessError(f"config.json has {name}={value!r}; it must be {_KIND_WORDS[kind]}")
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "a string"}
+# Features of the published config class that this model does not implement, with the one
+# value it computes correctly. A config.json asking for anything else would load and then
+# compute the wrong thing, so it is refused. A key that is absent takes the implemented
+# value: published checkpoints write every key, only hand-written (proxy) configs omit some.
+IMPLEMENTED_FEATURES: dict[str, object] = {
+    "use_qkv_bias": False,  # bias on query_key_value
+    "use_bias": False,  # bias on the attention output projection
+    "use_qk_norm": True,  # per-head RMSNorm of queries and keys
+    "use_rmsnorm": True,
+    "hidden_act": "silu",
+    "score_function": "sigmoid",
+    "norm_topk_prob": True,  # routed weights normalised over the top-k
+    "norm_head": False,
+    "norm_softmax": False,
+    "rope_scaling": None,
+    "use_sliding_window": False,
+    "using_split_qkv_in_self_attention": False,
+    "tie_word_embeddings": False,
+    "moe_router_enable_expert_bias": True,
+    "router_dtype": "fp32",
+}
+
+
+def check_implemented(raw: dict) -> None:
+    """One line naming the first config.json feature this model does not implement."""
+    for key, implemented in IMPLEMENTED_FEATURES.items():
+        if key in raw and raw[key] != implemented:
+            raise HarnessError(
+                f"config.json sets {key}={raw[key]!r}, which this LLaDA2 implementation does not support "
+                f"(it computes {key}={implemented!r} only); use a checkpoint without it or implement it in "
+                "harness/model/llada2.py"
+            )
+    if raw.get("num_shared_experts") in (None, 0):
+        raise HarnessError("config.json has no shared expert (num_shared_experts=0); this implementation "
+                           "always adds one, as LLaDA2.0-mini and -flash do")
 
 
 @dataclass(frozen=True)
@@ -45,15 +108,22 @@ class LLaDA2Config:
     # ---- construction -------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict) -> LLaDA2Config:
+        if not isinstance(raw, dict):
+            raise HarnessError(f"config.json holds a JSON {type(raw).__name__}, not an object; "
+                               "it must be a Hugging Face model config")
         if raw.get("model_type") != "llada2_moe":
             raise HarnessError(
                 f"config.json has model_type={raw.get('model_type')!r}; the harness loads "
                 "only 'llada2_moe' checkpoints (LLaDA2.0-mini / -flash)"
             )
+        check_implemented(raw)
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
+        if kwargs.get("head_dim") is None and "hidden_size" in raw and "num_attention_heads" in raw:
+            kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]  # the reference's default
         if "eos_token_id" not in raw and "pad_token_id" in raw:
             kwargs["eos_token_id"] = raw["pad_token_id"]
+        check_field_types(kwargs)
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
@@ -67,6 +137,10 @@ class LLaDA2Config:
             raise HarnessError(f"missing {path}; a checkpoint directory needs config.json") from None
         except json.JSONDecodeError as exc:
             raise HarnessError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except (UnicodeDecodeError, RecursionError):
+            raise HarnessError(f"{path} is not a UTF-8 JSON file; a checkpoint's config.json must be") from None
+        except OSError as exc:
+            raise HarnessError(f"cannot read {path} ({exc.strerror or exc})") from None
         return cls.from_dict(raw)
 
     @classmethod
@@ -82,6 +156,18 @@ class LLaDA2Config:
         return asdict(self)
 
     def validate(self) -> None:
+        for name in POSITIVE_FIELDS:
+            if getattr(self, name) <= 0:
+                raise HarnessError(f"config.json has {name}={getattr(self, name)}; it must be positive")
+        for name in ("first_k_dense_replace", "num_shared_experts", "mask_token_id", "eos_token_id"):
+            if getattr(self, name) < 0:
+                raise HarnessError(f"config.json has {name}={getattr(self, name)}; it must be >= 0")
+        if self.first_k_dense_replace > self.num_hidden_layers:
+            raise HarnessError(f"config.json has first_k_dense_replace={self.first_k_dense_replace} > "
+                               f"num_hidden_layers={self.num_hidden_layers}")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise HarnessError(f"config.json has partial_rotary_factor={self.partial_rotary_factor}; "
+                               "it must be in (0, 1]")
         if self.num_experts % self.n_group:
             raise HarnessError(f"num_experts={self.num_experts} is not divisible by n_group={self.n_group}")
         if self.topk_group > self.n_group:
@@ -92,6 +178,11 @@ class LLaDA2Config:
             raise HarnessError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise HarnessError(f"rotary dim {self.rotary_dim} must be even and <= head_dim")
+
+        for name in ("mask_token_id", "eos_token_id"):
+            if getattr(self, name) >= self.vocab_size:
+                raise HarnessError(f"config.json has {name}={getattr(self, name)} outside the vocabulary "
+                                   f"(vocab_size={self.vocab_size})")
 
     # ---- geometry -----------------------------------------------------------------
     @property

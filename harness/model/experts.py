@@ -6,6 +6,12 @@ token's outputs are summed in ascending expert id, left to right. The sum never 
 on where or in which order the experts were computed, so whatever device a placement
 policy picks for an expert, the layer output on one device is bit-identical to running
 every expert in place (the lossless guarantee).
+
+Precision, as the reference: the routing weights stay fp32, so a bf16 model's expert
+outputs are weighted and summed in fp32 (rows in the promoted dtype of activations and
+weights); the MoE layer casts the sum back to the activations' dtype. What still differs
+from the reference is only the order of the fp32 sum (ascending expert id here, the
+router's top-k order there).
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ def weighted_expert_outputs(
     """
     k = topk_idx.shape[1]
     if buffer is None:
-        buffer = x.new_zeros(topk_idx.numel(), x.shape[1])
+        buffer = x.new_zeros(topk_idx.numel(), x.shape[1], dtype=row_dtype(x, topk_w))
     order, ids, counts = groups if groups is not None else group_by_expert(topk_idx)
     weights = topk_w.reshape(-1)[order]
     start = 0
@@ -101,9 +107,15 @@ def weighted_expert_outputs(
         end = start + n
         if only is None or bool(only[e]):
             rows = order[start:end]
-            buffer[rows] = swiglu(x[rows // k], experts[e]) * weights[start:end, None]
+            buffer[rows] = swiglu(x[rows // k], experts[e]).to(buffer.dtype) * weights[start:end, None]
         start = end
     return buffer
+
+
+def row_dtype(x: torch.Tensor, topk_w: torch.Tensor) -> torch.dtype:
+    """The dtype weighted rows are computed and summed in: fp32 routing weights keep a bf16
+    model's weighting and sum in fp32, as the reference's `moe_infer`."""
+    return torch.promote_types(x.dtype, topk_w.dtype)
 
 
 def combine(buffer: torch.Tensor, n_tokens: int, k: int) -> torch.Tensor:
@@ -119,7 +131,8 @@ def compute_routed_experts(
     x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, experts: Sequence[ExpertWeights]
 ) -> torch.Tensor:
     """sum_k w[t,k] * expert_{idx[t,k]}(x[t]) for every token t, in canonical order
-    (each token's experts by ascending id). x [T, H]; topk_idx [T, K]; topk_w [T, K]."""
+    (each token's experts by ascending id). x [T, H]; topk_idx [T, K]; topk_w [T, K].
+    The sum is in `row_dtype` (fp32 for a bf16 model with fp32 weights)."""
     idx, w = sort_by_expert(topk_idx, topk_w)
     stacked = experts.stacked() if isinstance(experts, ExpertBank) else None
     rows = x.shape[0] * idx.shape[1]
@@ -139,7 +152,8 @@ def gathered_expert_outputs(
     xr = x.repeat_interleave(k, dim=0)
     gate, up = torch.einsum("rih,rh->ri", gate_up[flat], xr).chunk(2, dim=-1)
     h = F.silu(gate) * up
-    return torch.einsum("rhi,ri->rh", down[flat], h) * topk_w.reshape(-1, 1)
+    out = torch.einsum("rhi,ri->rh", down[flat], h)
+    return out.to(row_dtype(x, topk_w)) * topk_w.reshape(-1, 1)
 
 
 HintFn = Callable[[], torch.Tensor]

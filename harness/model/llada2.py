@@ -59,6 +59,19 @@ def block_causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_length: in
     return (k_pos[None, :] // block_length) <= (q_pos[:, None] // block_length)
 
 
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    scaling: float) -> torch.Tensor:
+    """The reference's `eager_attention_forward`, op for op, so a bf16 model rounds as it
+    does: scores (q k^T * scaling) in the model dtype, an additive 0/-inf mask, softmax in
+    fp32 cast back, then the product with v. q [H, T, D]; k, v [KV, S, D]; mask bool [T, S]."""
+    n_rep = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(n_rep, dim=0), v.repeat_interleave(n_rep, dim=0)  # head h reads kv h // n_rep
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    additive = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    probs = F.softmax(scores + additive, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
 @dataclass
 class KVCache:
     """Keys/values of finished blocks, per layer: [kv_heads, T_cached, head_dim]."""
@@ -96,7 +109,7 @@ class Attention(nn.Module):
         new_kv = (k, v)
         if past is not None:
             k, v = torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        out = eager_attention(q, k, v, mask, self.head_dim**-0.5)
         return self.dense(out.transpose(0, 1).reshape(t, -1)), new_kv
 
 
@@ -167,10 +180,11 @@ class MoE(nn.Module):
             assert next_gate is not None
             return next_gate.scores(x).sum(0)
 
+        # the weights stay fp32: a bf16 model weights and sums its experts in fp32, as the reference
         routed = engine.run_experts(
-            self.moe_index, x, idx, w.to(x.dtype), self.expert_weights, hint if next_gate is not None else None
+            self.moe_index, x, idx, w, self.expert_weights, hint if next_gate is not None else None
         )
-        return routed + self.shared_experts(x)
+        return routed.to(x.dtype) + self.shared_experts(x)
 
 
 class DecoderLayer(nn.Module):

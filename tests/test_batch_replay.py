@@ -1,36 +1,31 @@
-"""The vectorized replay (harness/fast_replay.py) gives the engine's summary, system report
-and residency (ints equal, floats to 1e-9 relative, and in fact bit for bit with this
-torch), and the engine replays whatever it does not support."""
+"""The batch replay (harness/batch_replay.py: a system's batch planner, charged by the
+ledger) gives the engine's layer-by-layer summary, system report and residency (ints
+equal, floats to 1e-9 relative, and in fact bit for bit with this torch): each batch
+planner decides what its system's `plan` decides. The engine replays whatever does not
+plan in batch."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
 from harness.artifacts import record_trace
+from harness.batch_replay import batch_refusal, replay_trace, summary_differences
 from harness.bench import synthetic_trace
+from harness.bitsets import pack, popcount, unpack
 from harness.cli_check import compose_checked
 from harness.config import register_configs
-from harness.cost import CostModel, ForwardTimeline, HardwareConfig, expert_shape
+from harness.cost import CostModel, HardwareConfig, expert_shape
 from harness.engine import OffloadEngine
-from harness.fast_replay import fast_path_refusal, forward_times, replay_fast_or_exact, summary_differences
-from harness.fast_replay_ops import (
-    constant_row_sums,
-    pack,
-    popcount,
-    refresh_bits,
-    running_sum,
-    top_b,
-    torch_row_sums,
-    unpack,
-)
 from harness.model import load_model, nominal_geometry
-from harness.run import decode_settings, run_job
+from harness.run import run_job
 from harness.tau_solver import refresh_residency, top_b_mask
 from harness.trace import RoutingTrace
 from systems.registry import make_system
-from systems.tide import Tide
+from systems.tide import Tide, refresh_bits, top_b
 
 register_configs()
 
@@ -67,11 +62,11 @@ def varied_cost_hardware(g) -> HardwareConfig:
 def replay_both(name, options, g, budget, cost, trace, calibration=None):
     """(engine, fast) x (summary, report, residency, mode) of fresh systems over `trace`."""
     out = []
-    for allow_fast in (False, True):
+    for allow_batch in (False, True):
         system = make_system(name, options)
         engine = OffloadEngine(system, g, budget, cost)
         engine.prepare(calibration or trace if system.needs_calibration else None, 8)
-        summary, mode = replay_fast_or_exact(engine, trace, allow_fast=allow_fast)
+        summary, mode = replay_trace(engine, trace, allow_batch=allow_batch)
         out.append((summary, system.report(), [sorted(s) for s in engine.resident], mode))
     return out
 
@@ -121,7 +116,7 @@ def recorded_tiny(tmp_path_factory, proxy_cache, tiny_dir):
                  f"cache_dir={proxy_cache}", "tracking.enabled=false"]
     cfg = compose_checked(overrides)
     loaded = load_model(cfg.model, cfg.cache_dir)
-    settings = decode_settings(cfg)
+    settings = cfg.decode
     out = tmp_path_factory.mktemp("recorded")
     paths = []
     for name, prompt in (("trace", "Write a function that reverses a list."), ("calibration", "Sort a dict.")):
@@ -178,12 +173,12 @@ def test_unsupported_engines_replay_through_the_engine(tiny_synthetic):
     }
     for label, engine in cases.items():
         engine.prepare(None, 8)
-        assert fast_path_refusal(engine, trace) is not None, label
-        summary, mode = replay_fast_or_exact(engine, trace)
+        assert batch_refusal(engine, trace) is not None, label
+        summary, mode = replay_trace(engine, trace)
         assert mode == "engine" and summary["forwards"] == len(trace), label
     unprepared = OffloadEngine(make_system("tide", {"tau": 2}), g, 24, cost)
     with pytest.raises(RuntimeError, match="prepare"):  # the engine's own error, not the fast path's
-        replay_fast_or_exact(unprepared, trace)
+        replay_trace(unprepared, trace)
 
 
 # ---- the twins of the engine's pieces --------------------------------------------------
@@ -201,7 +196,7 @@ def test_top_b_and_refresh_bits_agree_with_tau_solver():
         packed_target = pack(target)
         after = refresh_bits(pack(resident), packed_target, target.sum(-1), capacity, n_experts)
         expected = refresh_residency(torch.from_numpy(resident), torch.from_numpy(load), capacity).numpy()
-        assert np.array_equal(unpack(after, n_experts).view(bool), expected), trial
+        assert np.array_equal(unpack(after, n_experts), expected), trial
         n_demote = (target & ~resident).sum(-1) - (capacity - resident.sum(-1))
         partial_rows += int(((n_demote > 0) & (target.sum(-1) < capacity)).sum())
     assert partial_rows > 20  # the partial-demotion path ran, not only the two shortcuts
@@ -213,42 +208,6 @@ def test_popcount_without_numpy_bitwise_count(monkeypatch):
     monkeypatch.delattr(np, "bitwise_count", raising=False)
     assert np.array_equal(popcount(words), expected)
     assert np.array_equal(expected, unpack(words, 200).sum(-1))
-
-
-def test_row_sums_are_torch_sums_of_each_run():
-    rng = np.random.default_rng(2)
-    lengths = np.concatenate([rng.integers(0, 300, 400), np.full(3000, 40), [1] * 50])  # > torch's grain per length
-    values = rng.uniform(1e-6, 1e-3, int(lengths.sum()))
-    starts = np.cumsum(lengths) - lengths
-    expected = [float(torch.from_numpy(values[a : a + k].copy()).sum()) for a, k in zip(starts, lengths, strict=True)]
-    assert torch_row_sums(values, lengths).tolist() == expected
-    assert constant_row_sums(3.3e-5, lengths).tolist() == [float(torch.from_numpy(np.full(k, 3.3e-5)).sum())
-                                                          for k in lengths.tolist()]
-    total = 0.1
-    for v in values[:500].tolist():
-        total += v
-    assert running_sum(0.1, values[:500]) == total
-
-
-@pytest.mark.parametrize("overlap", [True, False])
-def test_forward_times_follow_the_forward_timeline(overlap):
-    g = geometry("tiny")
-    cost = CostModel(g, HardwareConfig())
-    rng = np.random.default_rng(1)
-    n, n_layers = 12, g.n_moe_layers
-    gpu_s, cpu_s = rng.uniform(0, 1e-4, (n, n_layers)), rng.uniform(0, 2e-4, (n, n_layers))  # ~ copy_time(10)
-    n_sync, n_async = rng.integers(0, 3, (n, n_layers)), rng.integers(0, 60, (n, n_layers))
-    parts = [cost.non_expert_breakdown(8 + s, 40 + s) for s in range(n)]
-    split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts])
-    times = forward_times(split, gpu_s, cpu_s, n_sync, n_async, cost.copy_time(1), overlap)
-    assert times.drain_s.max() > 0 and times.copies_s.max() > 0  # async copies outlast some forwards
-    for s in range(n):  # op for op: the same floats, not merely close ones
-        timeline = ForwardTimeline(cost, 8 + s, 40 + s)
-        for layer in range(n_layers):
-            timing = timeline.charge_layer(layer, gpu_s[s, layer], cpu_s[s, layer], int(n_sync[s, layer]), [],
-                                           [(layer, e) for e in range(n_async[s, layer])], overlap)
-            assert (timing.copies_s, timing.cpu_s) == (times.copies_s[s, layer], times.cpu_exposed_s[s, layer])
-        assert (timeline.finish(), timeline.drain_s) == (times.total_s[s], times.drain_s[s])
 
 
 def test_summary_differences_catches_what_the_tests_rely_on(tiny_synthetic):
@@ -270,3 +229,24 @@ def test_summary_differences_catches_what_the_tests_rely_on(tiny_synthetic):
     assert summary_differences(summary, {**summary, "step_series": series}) == ["step_series[3].modeled_latency_s"]
     assert summary_differences(summary, {**summary, "step_series": series[:-1]})
 
+
+
+def test_bench_prints_live_and_replay_figures_per_system_as_json(capsys):
+    from harness.bench import main
+
+    assert main(["steps=3", "forward=false", "format=json", "systems=gpu_only,tide,mixtral_offload"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["forwards"], out["moe_layers"]) == (3, 19) and set(out["systems"]) == {"gpu_only", "tide",
+                                                                                        "mixtral_offload"}
+    for name, row in out["systems"].items():
+        assert row["layer_steps"] == 3 * 19
+        assert row["live_us_per_layer_step"] > 0 and row["replay_layer_steps_per_s"] > 0
+        assert row["replay_mode"] == ("fast" if name == "tide" else "engine") and row["replay_exact"] is True
+
+
+def test_bench_rejects_an_unknown_format():
+    from harness.bench import main
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError, match="format=yaml is not one of table, json"):
+        main(["steps=1", "forward=false", "format=yaml", "systems=gpu_only"])

@@ -1,0 +1,72 @@
+"""Float sums in the order the accounts are defined in, so that a batch of forwards adds
+the same bits as adding layer after layer.
+
+A layer's GPU (CPU) seconds are the torch sum of its experts' times in ascending id order
+(`float(cost.gpu_expert_times(loads).sum())`); `row_sums` gives that sum for many layers at
+once: runs of one length are summed as the rows of a 2-D tensor, which torch reduces row
+by row with the kernel it uses for a 1-D tensor. A counter adds layer after layer
+(`running_sum`). tests/test_ledger.py holds both to the element-by-element definition.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+TORCH_GRAIN = 32768 - 1  # at::internal::GRAIN_SIZE: smaller reductions run on the calling thread
+
+
+@functools.lru_cache(maxsize=4096)
+def constant_sum(value: float, k: int) -> float:
+    """The torch sum of k copies of `value`."""
+    return float(torch.full((k,), value, dtype=torch.float64).sum())
+
+
+def torch_sum(values: np.ndarray) -> float:
+    """`float(torch.from_numpy(values).sum())` of a float64 vector (cached when the
+    entries are all equal: the common case of memory-bound experts)."""
+    if not values.size:
+        return 0.0
+    if (values == values[0]).all():
+        return constant_sum(float(values[0]), int(values.size))
+    return float(torch.from_numpy(values).sum())
+
+
+def constant_row_sums(value: float, lengths: np.ndarray) -> np.ndarray:
+    """`row_sums` of runs that all hold `value`: a sum depends only on the run's length."""
+    sums = np.zeros(len(lengths))
+    for k in np.unique(lengths).tolist():
+        if k:
+            sums[lengths == k] = constant_sum(value, k)
+    return sums
+
+
+def row_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Sums of consecutive runs of `values` (run i has lengths[i] entries), bit for bit as
+    torch sums each run as a 1-D float64 tensor."""
+    if values.size and (values == values[0]).all():
+        return constant_row_sums(float(values[0]), lengths)
+    sums = np.zeros(len(lengths))
+    order = np.argsort(lengths, kind="stable")
+    ordered = lengths[order]
+    # every run, regrouped by length: one gather, then each length is a contiguous block
+    starts = np.cumsum(lengths) - lengths
+    index = np.repeat(starts[order] - (np.cumsum(ordered) - ordered), ordered) + np.arange(int(ordered.sum()))
+    grouped = values[index]
+    offset = 0
+    for group in np.split(order, np.flatnonzero(np.diff(ordered)) + 1):
+        k = int(lengths[group[0]]) if group.size else 0
+        step = max(1, TORCH_GRAIN // max(k, 1))  # blocks under the grain: no thread pool woken
+        for first in range(0, len(group) if k else 0, step):
+            rows = group[first : first + step]
+            block = grouped[offset : offset + len(rows) * k].reshape(len(rows), k)
+            sums[rows] = torch.from_numpy(block).sum(-1).numpy()
+            offset += len(rows) * k
+    return sums
+
+
+def running_sum(start: float, values: np.ndarray) -> float:
+    """start + v0 + v1 + ... added in this order, as `total += v` adds them one by one."""
+    return float(np.add.accumulate(np.concatenate(([start], np.ravel(values))))[-1])

@@ -1,0 +1,93 @@
+"""The fixed grid of the golden-result check (issue 11): every result.json metric of
+
+- tiny, live: every system (and its main variants) x 2 budgets x cache prefix/none;
+- mini proxy, replay of one cached gpu_only trace: every system x 2 budgets.
+
+`python -m tests.golden.grid` rewrites tests/golden/results.json; tests/test_golden.py
+runs the same grid and requires every figure to be equal. A deliberate change of figures
+updates the file in its own commit that says why.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+GOLDEN = Path(__file__).with_name("results.json")
+
+# wall-clock figures never repeat; everything else in `metrics` must
+NOT_REPEATABLE = {"wall_s", "load_s", "wall_tokens_per_s", "replay_s", "layer_steps_per_s"}
+
+VARIANTS: dict[str, list[str]] = {
+    "gpu_only": ["system=gpu_only"],
+    "fiddler": ["system=fiddler"],
+    "mixtral_offload": ["system=mixtral_offload"],
+    "mixtral_offload+prefetch": ["system=mixtral_offload", "system.prefetch=true"],
+    "tide": ["system=tide"],
+    "tide+async": ["system=tide", "system.migration=async", "system.tau=2"],
+    "tide+random": ["system=tide", "system.tau=random"],
+    "tide_adaptive": ["system=tide_adaptive"],
+    "oracle": ["system=oracle"],
+    "dali": ["system=dali"],
+    "ep_linear": ["system=ep_linear", "topology=multi"],
+    "gem": ["system=gem", "topology=multi"],
+}
+TINY_BUDGETS = {"B24": ["budget=custom", "budget.experts_per_layer=24"],
+                "B64": ["budget=custom", "budget.experts_per_layer=64"]}
+MINI_BUDGETS = {"10GB": ["budget=10GB"], "18GB": ["budget=18GB"]}
+TINY_DECODE = ["model=tiny", "decode.gen_length=12", "decode.block_length=8", "decode.steps=8", "limit_prompts=2"]
+MINI_DECODE = ["model=mini", "model.weights=random", "decode.gen_length=32", "limit_prompts=1", "source=trace"]
+
+
+def cells() -> Iterator[tuple[str, list[str]]]:
+    for name, system in VARIANTS.items():
+        for budget, b in TINY_BUDGETS.items():
+            for cache in ("prefix", "none"):
+                yield f"tiny-live/{name}/{budget}/{cache}", [*TINY_DECODE, *system, *b, f"decode.cache={cache}"]
+    for name, system in VARIANTS.items():
+        for budget, b in MINI_BUDGETS.items():
+            yield f"mini-replay/{name}/{budget}", [*MINI_DECODE, *system, *b]
+
+
+def figures(result: dict[str, Any]) -> dict[str, Any]:
+    """What must stay equal: every repeatable metric, the step series and the system's report."""
+    metrics = {k: v for k, v in result["metrics"].items() if k not in NOT_REPEATABLE and not k.startswith("host_")}
+    return {"metrics": metrics, "step_series": result["step_series"], "system_report": result["system_report"],
+            "budget": result["budget"]}
+
+
+def run_cell(overrides: list[str], cache: Path, out: Path) -> dict[str, Any]:
+    from harness.cli_check import compose_checked
+    from harness.config import register_configs
+    from harness.run import run_job
+
+    register_configs()
+    cfg = compose_checked([*overrides, f"cache_dir={cache}", "tracking.enabled=false", "show_text=false"])
+    return figures(run_job(cfg, out))
+
+
+def run_grid(cache: Path, work: Path) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    return {name: run_cell(ov, cache, work / name.replace("/", "_")) for name, ov in tqdm(list(cells()), desc="grid")}
+
+
+def canonical(value: Any) -> Any:
+    """JSON round trip: what the golden file holds (tuples become lists, float bits kept)."""
+    return json.loads(json.dumps(value))
+
+
+def main() -> None:
+    cache = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="golden-cache-"))
+    with tempfile.TemporaryDirectory() as work:
+        grid = run_grid(cache, Path(work))
+    GOLDEN.write_text(json.dumps(grid, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(grid)} cells to {GOLDEN}")
+
+
+if __name__ == "__main__":
+    main()

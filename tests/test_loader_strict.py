@@ -1,0 +1,70 @@
+"""The loader refuses what it would compute wrongly: tensors it has no parameter for, and
+config.json features the model does not implement."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.errors import HarnessError
+from harness.model.checkpoint import from_pretrained
+from harness.model.config import IMPLEMENTED_FEATURES, LLaDA2Config
+
+
+@pytest.fixture
+def ckpt(tmp_path, tiny_dir) -> Path:
+    target = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir, target)
+    return target
+
+
+def _set_config(directory: Path, **values) -> None:
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg.update(values)
+    (directory / "config.json").write_text(json.dumps(cfg))
+
+
+def test_an_unexpected_tensor_is_a_one_line_error(ckpt):
+    from safetensors.torch import load_file, save_file
+
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = sorted(ckpt.glob("model-*.safetensors"))[0]
+    tensors = load_file(str(shard))
+    name = "model.layers.0.attention.query_key_value.bias"
+    tensors[name] = torch.zeros(4)
+    save_file(tensors, str(shard))
+    index["weight_map"][name] = shard.name
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(HarnessError, match=f"has tensor {name} that this LLaDA2 implementation does not use") as e:
+        from_pretrained(ckpt)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("key", "value"), [("use_qkv_bias", True), ("use_bias", True), ("use_qk_norm", False),
+                                            ("hidden_act", "gelu"), ("rope_scaling", {"type": "yarn"}),
+                                            ("tie_word_embeddings", True), ("score_function", "softmax")])
+def test_an_unimplemented_feature_is_a_one_line_error(ckpt, key, value):
+    _set_config(ckpt, **{key: value})
+    with pytest.raises(HarnessError, match=f"config.json sets {key}=") as e:
+        from_pretrained(ckpt)
+    assert "\n" not in str(e.value)
+
+
+def test_the_published_configs_ask_for_nothing_unimplemented():
+    for name in ("llada2_mini", "llada2_flash"):
+        raw = json.loads((Path(__file__).resolve().parents[1] / "harness" / "model" / "configs"
+                          / f"{name}.json").read_text())
+        assert all(raw.get(k, v) == v for k, v in IMPLEMENTED_FEATURES.items())
+        LLaDA2Config.from_dict(raw)
+
+
+def test_a_missing_head_dim_takes_the_reference_default():
+    raw = json.loads((Path(__file__).resolve().parents[1] / "harness" / "model" / "configs"
+                      / "llada2_mini.json").read_text())
+    raw["head_dim"] = None
+    assert LLaDA2Config.from_dict(raw).head_dim == raw["hidden_size"] // raw["num_attention_heads"]
