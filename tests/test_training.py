@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from harness.model.llada2 import route
 from harness.training.balance import apply_balance, balance_update
 from harness.training.corpus import build_corpus
 from harness.training.loop import TrainSettings, learning_rate
-from harness.training.objective import diffusion_loss, mask_last_block
+from harness.training.objective import NoisyBatch, diffusion_loss, mask_last_block
 from harness.training.store import TRAIN_SETTINGS, check_kind, train_proxy, training_key
 
 FAST = TrainSettings(steps=20, tokens_per_step=256, max_context_blocks=1, warmup_steps=2, lr=1e-2,
@@ -73,9 +74,22 @@ def test_only_the_last_block_is_masked_and_loss_weights_by_inverse_t():
     assert torch.equal(batch.ids[~batch.masked], clean[~batch.masked])
     assert (batch.ids[batch.masked] == 99).all()
     logits = torch.zeros(3, 32, 100)  # uniform prediction: CE = log(100) per masked token
-    expected = sum(int(batch.masked[r].sum()) / float(batch.t[r]) for r in range(3)) * torch.log(
+    ratio = [max(float(batch.t[r]), int(batch.masked[r, 32:].sum()) / 32) for r in range(3)]
+    expected = sum(int(batch.masked[r].sum()) / ratio[r] for r in range(3)) * torch.log(
         torch.tensor(100.0)) / (3 * 32)
     assert float(diffusion_loss(logits, batch)) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_a_row_with_one_forced_mask_is_weighted_by_its_masked_share_not_1_over_t():
+    """t = 0.001 masked nothing, so one token was forced: weight 32 (1 of 32 masked), not 1000."""
+    clean = torch.zeros(2, 32, dtype=torch.long)
+    masked = torch.zeros(2, 32, dtype=torch.bool)
+    masked[0, 5] = True  # the forced token of a t=0.001 row
+    masked[1, :16] = True  # half the block at t=0.5: weight 1/t = 2
+    batch = NoisyBatch(clean, clean, masked, torch.tensor([0.001, 0.5]))
+    logits = torch.zeros(2, 32, 4)  # CE = log 4 per masked token
+    expected = (1 * 32 + 16 * 2) * math.log(4) / (2 * 32)
+    assert float(diffusion_loss(logits, batch)) == pytest.approx(expected, rel=1e-6)
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor():
@@ -137,6 +151,7 @@ def trained_tiny(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.mark.slow  # trains tiny (the fixture, once per module)
 def test_training_loss_falls_on_tiny(trained_tiny):
     history = pd.read_csv(trained_tiny / "train_loss.csv")
     assert len(history) == FAST.steps
@@ -147,6 +162,7 @@ def test_training_loss_falls_on_tiny(trained_tiny):
     assert (trained_tiny / "train_loss.png").exists()
 
 
+@pytest.mark.slow
 def test_trained_tiny_reloads_bit_identically(trained_tiny):
     model = from_pretrained(trained_tiny)
     entries = index_checkpoint(trained_tiny)

@@ -45,13 +45,23 @@ def mask_last_block(clean: torch.Tensor, block_length: int, mask_id: int, gen: t
     return NoisyBatch(ids, clean, masked, t)
 
 
+def loss_ratio(batch: NoisyBatch, block: int) -> torch.Tensor:
+    """The ratio each row's loss is divided by: t, or the share of the block actually
+    masked where that is larger. A row whose draw masked nothing gets one forced token;
+    weighting it by 1/t (up to 1/MIN_T = 1000) let a few such rows dominate a small batch's
+    gradient, which clipping then shrank for every other row (the first trained mini
+    learned little more than token frequencies)."""
+    share = batch.masked[:, -block:].float().mean(-1)
+    return torch.maximum(batch.t, share)
+
+
 def diffusion_loss(logits: torch.Tensor, batch: NoisyBatch) -> torch.Tensor:
-    """logits [B, block, V] of the noisy block: sum over its masked positions of CE / t,
-    divided by (rows x block length)."""
+    """logits [B, block, V] of the noisy block: sum over its masked positions of CE / t
+    (t per row, see loss_ratio), divided by (rows x block length)."""
     rows, block = logits.shape[:2]
     masked, targets = batch.masked[:, -block:], batch.targets[:, -block:]
     ce = F.cross_entropy(logits[masked], targets[masked], reduction="none")
-    weights = (1.0 / batch.t)[:, None].expand_as(masked)[masked]
+    weights = (1.0 / loss_ratio(batch, block))[:, None].expand_as(masked)[masked]
     return (ce * weights).sum() / (rows * block)
 
 

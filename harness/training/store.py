@@ -44,8 +44,8 @@ RESULT_WEIGHTS = {"trained": "trained-proxy", "random": "random-proxy"}  # resul
 TRAIN_SETTINGS: dict[str, TrainSettings] = {
     "tiny": TrainSettings(steps=40, tokens_per_step=512, max_context_blocks=1, warmup_steps=5,
                           balance_rate=5e-3, corpus_bytes=1_000_000),
-    "mini": TrainSettings(steps=80, tokens_per_step=1024, warmup_steps=10, balance_rate=5e-3),
-    "flash": TrainSettings(steps=80, tokens_per_step=1024, warmup_steps=10, balance_rate=5e-3),
+    "mini": TrainSettings(steps=320, tokens_per_step=1024, warmup_steps=20, balance_rate=1e-2),
+    "flash": TrainSettings(steps=240, tokens_per_step=1024, warmup_steps=20, balance_rate=1e-2),
 }
 # the random proxies' bias calibration: no-grad forwards, the balancing rule with a step
 # that shrinks linearly from the first to the last value
