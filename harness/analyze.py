@@ -5,65 +5,26 @@ step with the one k steps later (k = 1..max_k): their cosine similarity, and the
 of the top-B experts (by load) that are still in the top-B set. High values mean a
 placement chosen at one step stays good for the next few.
 
-    python -m harness.analyze trace=outputs/runs/.../trace.npz [B=64] [max_k=8] [out=DIR]
+    python -m harness.analyze trace=outputs/runs/.../trace.npz [B=64] [max_k=8] [out=DIR] [format=table]
 
-prints the table (mean over prompts, blocks and layers for each k) and writes
-stability.csv, stability.md and stability.png next to the trace (or into out=DIR).
+prints the table (mean over prompts, blocks and layers for each k) and the routing
+statistics beside their uniform-routing values, and writes stability.csv, stability.md and
+stability.png next to the trace (or into out=DIR). With format=json it prints one JSON
+object with the routing statistics (harness/routing_stats.py) and writes nothing.
 """
 
 from __future__ import annotations
 
+import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from harness.errors import HarnessError, check_output_dir, exit_with
+from harness.routing_stats import STAT_KEYS, statistics_with_uniform
+from harness.stability import denoise_runs, stability_table
 from harness.trace import RoutingTrace
-
-
-def denoise_runs(trace: RoutingTrace) -> list[list[int]]:
-    """Step indices of each (prompt, block), denoising steps only, in step order."""
-    runs: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for i, s in enumerate(trace.steps):
-        if s.kind == "denoise":
-            runs[(s.prompt, s.block)].append(i)
-    return [sorted(idx, key=lambda i: trace.steps[i].step) for idx in runs.values()]
-
-
-def top_set(load: torch.Tensor, b: int) -> torch.Tensor:
-    """Bool [L, E]: the top-b experts by load in each layer (loaded experts only)."""
-    b = min(b, load.shape[-1])
-    idx = load.float().topk(b, dim=-1).indices
-    mask = torch.zeros_like(load, dtype=torch.bool).scatter_(-1, idx, True)
-    return mask & (load > 0)
-
-
-def stability_table(trace: RoutingTrace, experts_per_layer: int, max_k: int = 8) -> pd.DataFrame:
-    """One row per k: mean cosine similarity and top-B retention, with the pair count."""
-    loads = trace.loads.float()
-    sums: dict[int, list[float]] = {k: [0.0, 0.0, 0] for k in range(1, max_k + 1)}
-    for run in denoise_runs(trace):
-        for a_pos, a in enumerate(run):
-            top_a = top_set(loads[a], experts_per_layer)
-            for k in range(1, max_k + 1):
-                if a_pos + k >= len(run):
-                    break
-                b = run[a_pos + k]
-                cos = torch.nn.functional.cosine_similarity(loads[a], loads[b], dim=-1)  # [L]
-                top_b = top_set(loads[b], experts_per_layer)
-                kept = (top_a & top_b).sum(-1).float() / top_a.sum(-1).clamp(min=1).float()
-                sums[k][0] += float(cos.sum())
-                sums[k][1] += float(kept.sum())
-                sums[k][2] += loads.shape[1]
-    rows = [
-        {"k": k, "cosine": c / n if n else float("nan"), "topB_retained": r / n if n else float("nan"),
-         "pairs": n}
-        for k, (c, r, n) in sums.items()
-    ]
-    return pd.DataFrame(rows)
 
 
 def plot_stability(table: pd.DataFrame, path: Path, title: str) -> Path:
@@ -93,12 +54,32 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         if "=" not in arg:
             raise HarnessError(f"argument {arg!r} is not key=value; use trace=<path> [B=64] [max_k=8] [out=DIR]")
         key, value = arg.split("=", 1)
-        if key not in {"trace", "B", "max_k", "out"}:
-            raise HarnessError(f"unknown argument {key!r}; allowed: trace, B, max_k, out")
+        if key not in {"trace", "B", "max_k", "out", "format"}:
+            raise HarnessError(f"unknown argument {key!r}; allowed: trace, B, max_k, out, format")
         args[key] = value
     if "trace" not in args:
         raise HarnessError("missing trace=<path to trace.npz>")
+    if args.get("format", "table") not in FORMATS:
+        raise HarnessError(f"format={args['format']!r} is not allowed; use table or json")
     return args
+
+
+FORMATS = ("table", "json")
+
+
+def statistics_lines(stats: dict) -> list[str]:
+    """The routing statistics beside their uniform-routing values, one per line."""
+    uniform = stats.get("uniform") or {}
+
+    def fmt(v: object) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    lines = [f"routing statistics (B={stats['B']}): value | uniform routing"]
+    lines += [f"  {key:34s} {fmt(stats.get(key)):>8s} | {fmt(uniform.get(key))}" for key in STAT_KEYS]
+    cos = ", ".join(fmt(c) for c in stats.get("cosine_by_k") or [])
+    ucos = ", ".join(fmt(c) for c in uniform.get("cosine_by_k") or [])
+    lines.append(f"  {'cosine_by_k':34s} [{cos}] | [{ucos}]")
+    return lines
 
 
 def int_arg(args: dict[str, str], key: str, default: int, upper: int, what: str) -> int:
@@ -121,6 +102,12 @@ def main(argv: list[str]) -> int:
     longest = max((len(run) for run in denoise_runs(trace)), default=1)
     b = int_arg(args, "B", 64, trace.n_experts, "the trace's experts per layer")
     max_k = int_arg(args, "max_k", 8, max(1, longest - 1), "the longest block's denoising steps - 1")
+    stats = statistics_with_uniform(trace, b, max_k)
+    if args.get("format", "table") == "json":
+        decode = trace.meta.get("decode") if isinstance(trace.meta.get("decode"), dict) else {}
+        print(json.dumps({"trace": args["trace"], "model": trace.meta.get("model"),
+                          "weights": trace.meta.get("weights"), "decode_cache": decode.get("cache"), **stats}))
+        return 0
     table = stability_table(trace, b, max_k)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "stability.csv", index=False)
@@ -132,6 +119,7 @@ def main(argv: list[str]) -> int:
     plot_stability(table, out / "stability.png", title)
     print(title)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("\n".join(statistics_lines(stats)))
     print(f"wrote {out / 'stability.csv'}, stability.md, stability.png")
     return 0
 

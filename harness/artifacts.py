@@ -41,7 +41,6 @@ from harness.decoding import DecodeSettings, steps_per_block
 from harness.errors import HarnessError
 from harness.hybrid.wiring import all_gpu_engine, reference_key
 from harness.lossless import load_reference, store_reference
-from harness.model.proxy import proxy_dir
 from harness.results import fingerprint
 from harness.trace import RoutingTrace, derive_no_cache
 
@@ -54,7 +53,7 @@ ModelLoader = Callable[[], "LoadedModel"]
 
 # the code that decides tokens and routing, relative to harness/ (see the module docstring)
 NUMERICS_SOURCES = ("model/llada2.py", "model/experts.py", "model/checkpoint.py", "model/config.py",
-                    "model/proxy.py", "decoding.py", "workload.py")
+                    "model/proxy.py", "decoding.py", "workload.py", "training/store.py")
 
 
 def code_fingerprint(root: Path, sources: tuple[str, ...]) -> str:
@@ -95,9 +94,13 @@ def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
     if cfg.model.path is not None:
         checkpoint = Path(cfg.model.path).resolve()
         identity.update(weights="real", checkpoint=str(checkpoint), checkpoint_files=checkpoint_files(checkpoint))
-    else:  # a proxy is rebuilt from its seed by the code fingerprinted above
-        checkpoint = proxy_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed).resolve()
-        identity.update(weights="proxy", checkpoint=str(checkpoint))
+    else:  # a proxy is rebuilt from its seed (and corpus) by the code fingerprinted above
+        from harness.training.store import RESULT_WEIGHTS, weights_dir
+
+        kind = cfg.model.weights
+        checkpoint = weights_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed, kind)
+        # the directory name holds the corpus digest (and, trained, the training key)
+        identity.update(weights=RESULT_WEIGHTS[kind], checkpoint=str(checkpoint.resolve()))
     return identity
 
 

@@ -18,6 +18,7 @@ from harness.uris import check_tracking_uri
 
 MODEL_NAMES = ("tiny", "mini", "flash")
 DTYPES = ("float32", "bfloat16")
+WEIGHT_KINDS = ("trained", "random")  # proxies: harness/training/store.py
 SOURCES = ("live", "trace")
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
 
@@ -39,10 +40,13 @@ class ModelConfig:
     path: str | None = None  # real checkpoint directory; null -> proxy weights
     dtype: str = "float32"  # float32 | bfloat16
     proxy_seed: int = 0
+    weights: str = "random"  # proxies only: trained (harness/training) | random (seeded, expert bias balanced)
 
     def __post_init__(self) -> None:
         _require(not _given(self.name) or self.name in MODEL_NAMES,
                  f"model.name={self.name!r} is not allowed; use one of {', '.join(MODEL_NAMES)}")
+        _require(self.weights in WEIGHT_KINDS,
+                 f"model.weights={self.weights!r} is not allowed; use trained or random")
         _require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
         _require(0 <= self.proxy_seed <= MAX_SEED, f"model.proxy_seed={self.proxy_seed} must be in [0, 2**63-1]")
 

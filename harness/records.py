@@ -64,6 +64,7 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "decode_cache": ident.decode_cache or decode.get("cache"),
         "hardware": ident.hardware, "weights": ident.weights,
         "step_series": result.step_series,
+        "routing": result.routing,
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)

@@ -52,6 +52,7 @@ from harness.records import (  # noqa: F401 - SWEEP_FILES, compact_line, record_
 )
 from harness.result import RunIdentity, RunResult, Timing
 from harness.resume import RESUMED_FILE, resumed_result_path
+from harness.routing_stats import STAT_KEYS
 from harness.run_files import RESULT_FILE, find_files
 from harness.uris import check_tracking_uri
 
@@ -262,13 +263,40 @@ def sweep_markdown(table: pd.DataFrame) -> str:
 def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     wide = paper_table(records)
-    text = paper_markdown(wide, experts_per_cell(records))
+    text = paper_markdown(wide, experts_per_cell(records)) + routing_markdown(records)
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
     figures = [plots.throughput_by_budget(records, out / "throughput.png"), *plots.tau_sweeps(records, out),
                *plots.miss_per_step(records, out)]
     return text, [f for f in figures if f is not None]
+
+
+ROUTING_KEYS = ["model", "weights", "decode_cache", "gen_length", "block_length"]
+
+
+def routing_markdown(records: list[dict[str, Any]]) -> str:
+    """The routing statistics of the runs that recorded a trace, each beside its value under
+    uniform routing; one row per (model, weights, cache, gen, block, B): every system of a
+    live run routes exactly like gpu_only, so the latest run stands for the row."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for record in sorted((r for r in records if r.get("routing")), key=lambda r: r.get("order", 0)):
+        stats = record["routing"]
+        rows[(*(record.get(k) for k in ROUTING_KEYS), stats.get("B"))] = record
+    if not rows:
+        return ""
+
+    def cell(value: Any, uniform: Any) -> str:
+        show = "n/a" if value is None else f"{value:.3g}"
+        return show if uniform is None else f"{show} ({uniform:.3g})"
+
+    headers = [LABELS.get(k, k) for k in ROUTING_KEYS] + ["B", *STAT_KEYS, "cosine k=1..3"]
+    lines = []
+    for key, record in rows.items():
+        stats, uniform = record["routing"], record["routing"].get("uniform") or {}
+        cos = ", ".join("n/a" if c is None else f"{c:.2f}" for c in (stats.get("cosine_by_k") or [])[:3])
+        lines.append([str(v) for v in key] + [cell(stats.get(k), uniform.get(k)) for k in STAT_KEYS] + [cos])
+    return ("\n## Routing statistics (uniform routing in parentheses)\n\n" + markdown(headers, lines))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ Sections: identity (what ran, where and on what), the resolved config, the budge
 run's metrics (throughput, the engine's counters and modeled time, the workload's
 counts), the system's own report, the lossless check (live runs), timing (modeled or
 measured, with the wall-clock and measured figures), versions, the per-forward step
-series and, for live runs, the decoded outputs.
+series, for live runs the decoded outputs and, when the run recorded a trace, its routing
+statistics beside their uniform-routing values (harness/routing_stats.py).
 
 result.json keeps the flat layout its readers (report, tracking, resume, plots) and
 older result files share: one `metrics` object holding every number of every section
@@ -44,7 +45,7 @@ class RunIdentity:
 
     system: str | None = None
     model: str | None = None
-    weights: str | None = None  # real | proxy
+    weights: str | None = None  # real | trained-proxy | random-proxy (older results: proxy)
     checkpoint: str | None = None
     source: str | None = None  # live | trace
     hardware: str | None = None  # the hardware profile charged
@@ -86,6 +87,7 @@ class RunResult:
     step_series: list[dict[str, Any]] = field(default_factory=list)
     decoded: DecodedOutputs | None = None
     workload: dict[str, Any] | None = None  # the prompts decoded (MLflow's dataset input)
+    routing: dict[str, Any] | None = None  # routing statistics of the recorded trace, with their uniform values
     schema: int = SCHEMA
 
     # ------------------------------------------------------------------ the flat metrics
@@ -93,7 +95,7 @@ class RunResult:
     def metric_sections(self) -> dict[str, dict[str, Any]]:
         report = {k: v for k, v in self.system_report.items() if is_number(v)}
         return {"metrics": self.metrics, "lossless": self.lossless, "timing": self.timing.figures,
-                "system_report": report}
+                "system_report": report, "routing": routing_metrics_of(self.routing)}
 
     def flat_metrics(self) -> dict[str, Any]:
         """result.json's `metrics`: every section's numbers; a key in two sections is an error."""
@@ -122,6 +124,8 @@ class RunResult:
             out.update(outputs=self.decoded.outputs, steps=self.decoded.steps, first_text=self.decoded.first_text)
         if self.workload is not None:
             out["workload"] = self.workload
+        if self.routing is not None:
+            out["routing"] = self.routing
         return out
 
     def save_json(self, path: str | Path) -> Path:
@@ -139,6 +143,9 @@ class RunResult:
         for key, value in report.items():  # the report's numbers are copies in `metrics`
             if is_number(value) and flat.get(key) == value:
                 flat.pop(key)
+        routing = data.get("routing") if isinstance(data.get("routing"), Mapping) else None
+        for key in routing_metrics_of(routing):  # copies of the routing section's numbers
+            flat.pop(key, None)
         decoded = None
         if any(k in data for k in ("outputs", "steps", "first_text")):
             decoded = DecodedOutputs(list(data.get("outputs") or []), list(data.get("steps") or []),
@@ -148,6 +155,7 @@ class RunResult:
                    timing=Timing(str(data.get("timing") or "modeled"), timing),
                    versions=dict(data.get("versions") or {}), step_series=list(data.get("step_series") or []),
                    decoded=decoded, workload=data.get("workload") if isinstance(data.get("workload"), dict) else None,
+                   routing=dict(routing) if routing is not None else None,
                    schema=int(data.get("schema", SCHEMA)))
 
     @classmethod
@@ -236,6 +244,15 @@ class RunResult:
             "mlflow.runName": "-".join(str(x) for x in (ident.system, budget, ident.model) if x),
         }
         return {k: str(v) for k, v in tags.items() if v is not None}
+
+
+def routing_metrics_of(routing: Mapping[str, Any] | None) -> dict[str, float]:
+    """The flat routing_* metrics of a routing section (none without one)."""
+    if not routing:
+        return {}
+    from harness.routing_stats import routing_metrics
+
+    return routing_metrics(routing)
 
 
 @dataclass

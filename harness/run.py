@@ -33,6 +33,7 @@ from harness.lossless import compare_tokens, load_reference, store_reference
 from harness.model import LoadedModel, load_model, nominal_geometry
 from harness.replay import run_replay
 from harness.result import DecodedOutputs, RunIdentity, RunResult
+from harness.routing_stats import statistics_with_uniform
 from harness.run_setup import RunSetup, build_result, setup_run, versions  # noqa: F401 - re-exported
 from harness.workload import load_prompts, workload_record
 
@@ -102,6 +103,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=backend))
     result.lossless = check.metrics()
     result.workload = workload_record(cfg.workload, prompts)  # MLflow's dataset input
+    if trace is not None:  # how realistic this run's routing is, beside uniform routing
+        result.routing = statistics_with_uniform(trace, max(1, int(setup.budget.experts_per_layer)))
     if isinstance(runner, HybridExecutor):  # timing=measured; the modeled figures stay beside it
         apply_measured(result, runner.summary(), backend)
     first = batch.outputs[0]

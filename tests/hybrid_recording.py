@@ -123,7 +123,8 @@ class Recorder:
 
 
 def load_tiny(tiny_dir: Path) -> LoadedModel:
-    return LoadedModel(from_pretrained(tiny_dir), load_tokenizer(tiny_dir), "proxy", tiny_dir, proxy_config("tiny"))
+    return LoadedModel(from_pretrained(tiny_dir), load_tokenizer(tiny_dir), "random-proxy", tiny_dir,
+                       proxy_config("tiny"))
 
 
 def record_run(tiny_dir: Path, calibration: RoutingTrace, variant: str) -> Recording:

@@ -28,7 +28,7 @@ def test_tiny_run_prints_summary_and_writes_result(proxy_cache, tmp_path, tiny_d
     assert "2 prompts" in proc.stdout and "denoising steps" in proc.stdout and "tokens/s" in proc.stdout
     assert "first prompt's output" in proc.stdout
     result = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert result["weights"] == "proxy" and result["metrics"]["prompts"] == 2
+    assert result["weights"] == "random-proxy" and result["metrics"]["prompts"] == 2
     assert all(len(o["tokens"]) == 8 for o in result["outputs"])
 
 

@@ -38,7 +38,20 @@ def replay_result() -> RunResult:
                      timing=Timing("modeled", {"replay_s": 0.5, "layer_steps_per_s": 1e5}))
 
 
-@pytest.mark.parametrize("make", [live_result, replay_result])
+ROUTING = {"distinct_experts_per_layer_step": 44.0, "top_b_share": 0.9, "unused_experts_per_layer": 3.0,
+           "popularity_cv": 1.5, "cross_prompt_popularity_corr": None, "tokens_per_denoise_step": 1.0,
+           "top_b_share_step": 1.0, "load_entropy": 0.8, "cosine_by_k": [0.9, None], "B": 64, "forwards": 4,
+           "uniform": {"distinct_experts_per_layer_step": 160.0, "top_b_share": 0.3, "cosine_by_k": [0.5]}}
+
+
+def traced_result() -> RunResult:
+    """A live run that recorded a trace: its routing statistics are a section."""
+    result = live_result()
+    result.routing = ROUTING
+    return result
+
+
+@pytest.mark.parametrize("make", [live_result, replay_result, traced_result])
 def test_from_json_of_save_json_is_the_original(make, tmp_path: Path) -> None:
     original = make()
     path = original.save_json(tmp_path / "result.json")
@@ -53,6 +66,18 @@ def test_result_json_keeps_the_flat_layout_readers_use(tmp_path: Path) -> None:
                                "tau_star": 2, "refreshes": 7}  # the report's numbers only
     replay = json.loads(replay_result().save_json(tmp_path / "replay.json").read_text())
     assert "backend" not in replay and "outputs" not in replay and replay["replay"] == "fast"
+
+
+def test_routing_statistics_are_a_section_and_flat_metrics(tmp_path: Path) -> None:
+    data = json.loads(traced_result().save_json(tmp_path / "result.json").read_text())
+    assert data["routing"] == ROUTING
+    assert data["metrics"]["routing_top_b_share"] == 0.9 and data["metrics"]["routing_uniform_top_b_share"] == 0.3
+    assert data["metrics"]["routing_cosine_k1"] == 0.9 and "routing_cosine_k2" not in data["metrics"]  # None
+    assert "routing_cross_prompt_popularity_corr" not in data["metrics"]
+    clash = traced_result()
+    clash.metrics["routing_top_b_share"] = 0.1
+    with pytest.raises(DuplicateMetricError, match="routing_top_b_share"):
+        clash.flat_metrics()
 
 
 def test_an_older_result_without_sections_reads_its_numbers_as_metrics() -> None:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from harness.analyze import main as analyze_main
-from harness.analyze import stability_table
 from harness.decoding import StepInfo
 from harness.errors import HarnessError
+from harness.stability import stability_table
 from harness.trace import RoutingTrace
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import KVCache, LLaDA2Model
-from harness.model.proxy import ensure_proxy, proxy_config
+from harness.model.proxy import proxy_config
 
 if TYPE_CHECKING:
     from harness.config_parts import ModelConfig
@@ -21,7 +21,7 @@ __all__ = ["KVCache", "LLaDA2Config", "LLaDA2Model", "LoadedModel", "load_model"
 class LoadedModel:
     model: LLaDA2Model
     tokenizer: object
-    weights: str  # "real" | "proxy"
+    weights: str  # "real" | "trained-proxy" | "random-proxy"
     path: Path
     nominal: LLaDA2Config  # the geometry the budget and the cost model charge
 
@@ -33,10 +33,15 @@ def nominal_geometry(model_cfg: ModelConfig) -> LLaDA2Config:
 
 
 def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
-    """Real weights from model.path, or the cached proxy of the same model name."""
+    """Real weights from model.path, or the cached proxy of the same model name and
+    `model.weights` kind (trained or balanced random; built on first use)."""
+    from harness.training.store import RESULT_WEIGHTS, ensure_weights
+
     if model_cfg.path is not None:
         path, weights = Path(model_cfg.path), "real"
     else:
-        path, weights = ensure_proxy(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed), "proxy"
+        kind = model_cfg.weights
+        path = ensure_weights(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed, kind)
+        weights = RESULT_WEIGHTS[kind]
     model = from_pretrained(path, model_cfg.dtype)
     return LoadedModel(model, load_tokenizer(path), weights, path, nominal_geometry(model_cfg))

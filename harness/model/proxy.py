@@ -1,4 +1,6 @@
-"""Proxy checkpoints: seeded random weights in the real LLaDA2 checkpoint layout.
+"""Proxy checkpoints in the real LLaDA2 checkpoint layout: seeded random weights with a
+balanced expert bias (built by `ensure_proxy` in harness/training/store.py), and the
+writer that balanced and trained proxies share.
 
 No weights can be downloaded where this harness is developed, so it writes its own
 checkpoints (config.json with the real key names, sharded safetensors + index,
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -23,7 +26,7 @@ from harness.model.checkpoint import INDEX_FILE, index_checkpoint
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import LLaDA2Model
 
-PROXY_VERSION = 2
+PROXY_VERSION = 3  # 3: stdlib tokenizer, balanced expert bias stored in fp32
 _ROUTING = dict(num_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4, num_shared_experts=1)
 PROXY_SHAPES: dict[str, dict] = {
     "tiny": dict(
@@ -42,29 +45,6 @@ PROXY_SHAPES: dict[str, dict] = {
 SPECIAL_TOKENS = ["<|endoftext|>", "<|mask|>", "<|role_start|>", "<|role_end|>"]
 SHARD_BYTES = 32 * 2**20
 
-# A little code for the proxy tokenizer to learn merges from; any text tokenizes (byte-level).
-_CORPUS = """
-def fibonacci(n: int) -> int:
-    a, b = 0, 1
-    for _ in range(n):
-        a, b = b, a + b
-    return a
-
-class Stack:
-    def __init__(self):
-        self.items = []
-    def push(self, item):
-        self.items.append(item)
-    def pop(self):
-        return self.items.pop()
-
-Write a Python function that returns the sum of a list of numbers.
-Implement binary search over a sorted array and return the index or -1.
-for (int i = 0; i < n; ++i) { total += values[i]; }
-SELECT name, count(*) FROM users GROUP BY name ORDER BY 2 DESC;
-"""
-
-
 def proxy_config(name: str) -> LLaDA2Config:
     if name not in PROXY_SHAPES:
         raise HarnessError(f"unknown proxy {name!r}; choose one of {', '.join(PROXY_SHAPES)}")
@@ -73,8 +53,8 @@ def proxy_config(name: str) -> LLaDA2Config:
     return LLaDA2Config(**shape, eos_token_id=vocab - 4, mask_token_id=vocab - 3)
 
 
-def build_tokenizer(vocab_size: int):
-    """Byte-level BPE trained on a small built-in corpus; special tokens take the last ids."""
+def build_tokenizer(vocab_size: int, texts: Sequence[str]):
+    """Byte-level BPE trained on `texts` (the stdlib corpus); special tokens take the last ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -85,7 +65,7 @@ def build_tokenizer(vocab_size: int):
     trainer = trainers.BpeTrainer(
         vocab_size=n_regular, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator(list(texts), trainer=trainer)
     # pad with unused tokens so the special tokens land on fixed ids at the end
     filler = [f"<|reserved_{i}|>" for i in range(n_regular - tok.get_vocab_size())]
     tok.add_tokens(filler)
@@ -136,7 +116,10 @@ def write_checkpoint(model: LLaDA2Model, directory: Path, tokenizer=None) -> Non
         if size + nbytes > SHARD_BYTES and shards[-1]:
             shards.append({})
             size = 0
-        shards[-1][name] = tensor.detach().to(torch.bfloat16).contiguous()
+        # the expert bias stays fp32, as in the published checkpoints: its steps (1e-3) are
+        # below bf16's resolution near 1, and it only selects experts
+        dtype = torch.float32 if name.endswith("expert_bias") else torch.bfloat16
+        shards[-1][name] = tensor.detach().to(dtype).contiguous()
         size += nbytes
     weight_map, total = {}, 0
     for i, shard in enumerate(shards):
@@ -144,7 +127,7 @@ def write_checkpoint(model: LLaDA2Model, directory: Path, tokenizer=None) -> Non
         save_file(shard, str(directory / fname), metadata={"format": "pt"})
         for name, t in shard.items():
             weight_map[name] = fname
-            total += t.numel() * 2
+            total += t.numel() * t.element_size()
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2))
     if tokenizer is not None:
@@ -162,25 +145,14 @@ def proxy_is_complete(directory: Path) -> bool:
     return (directory / "tokenizer.json").exists()
 
 
-def proxy_dir(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
-    return Path(cache_dir) / f"proxy-{name}-seed{seed}-v{PROXY_VERSION}"
-
-
-def ensure_proxy(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
-    """The proxy checkpoint directory, written on first use and rebuilt if incomplete.
-
-    Written into a temporary sibling and renamed into place, so an interrupted write
-    never leaves a directory that looks complete.
-    """
-    directory = proxy_dir(name, cache_dir, seed)
+def publish_checkpoint(directory: Path, write: Callable[[Path], None]) -> Path:
+    """Run `write(tmp)` into a temporary sibling, mark it complete and rename it into place,
+    so an interrupted write never leaves a directory that looks complete."""
     if proxy_is_complete(directory):
         return directory
-    cfg = proxy_config(name)
-    model = LLaDA2Model(cfg)
-    init_weights(model, seed)
     tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_checkpoint(model, tmp, build_tokenizer(cfg.vocab_size))
+    write(tmp)
     (tmp / "PROXY_COMPLETE").write_text(str(PROXY_VERSION))
     if proxy_is_complete(directory):  # a parallel job (joblib sweep) finished first
         shutil.rmtree(tmp, ignore_errors=True)

@@ -40,7 +40,7 @@ TINY_BUDGETS = {"B24": ["budget=custom", "budget.experts_per_layer=24"],
                 "B64": ["budget=custom", "budget.experts_per_layer=64"]}
 MINI_BUDGETS = {"10GB": ["budget=10GB"], "18GB": ["budget=18GB"]}
 TINY_DECODE = ["model=tiny", "decode.gen_length=12", "decode.block_length=8", "decode.steps=8", "limit_prompts=2"]
-MINI_DECODE = ["model=mini", "decode.gen_length=32", "limit_prompts=1", "source=trace"]
+MINI_DECODE = ["model=mini", "model.weights=random", "decode.gen_length=32", "limit_prompts=1", "source=trace"]
 
 
 def cells() -> Iterator[tuple[str, list[str]]]:
