@@ -240,7 +240,7 @@ class OffloadEngine:
         n_cached, async_targets = self._move(layer, plan, scratch)
         if self.total_capacity is not None:
             self._n_resident += n_cached + len(plan.fetch_async) + len(plan.prefetch)
-            self._n_resident -= len(plan.evict) + len(plan.prefetch_evict)
+            self._n_resident -= len(plan.evict) + len(plan.prefetch_evict) + len(plan.evict_elsewhere)
             self._check_total(layer)
         if plan.free_moves:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
             missed = np.greater(routed, held)
@@ -297,6 +297,10 @@ class OffloadEngine:
             nxt.update(plan.prefetch)
             nxt_held[plan.prefetch] = True
             async_targets += [(layer + 1, e) for e in plan.prefetch]
+        for other, e in plan.evict_elsewhere:  # checked: resident in another layer
+            self._frozen[other] = None
+            self._resident[other].discard(e)
+            self._held[other][e] = False
         return len(cached_sync), async_targets
 
     def account(self, pending: PendingLayer) -> None:

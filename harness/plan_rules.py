@@ -174,6 +174,8 @@ class PlanRules:
             self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
         if plan.prefetch or plan.prefetch_evict:
             self._check_prefetch(layer, plan, residency)
+        if plan.evict_elsewhere:
+            self._check_elsewhere(layer, plan, residency)
         if self.topology.multi:
             self._check_devices(layer, plan, set(_ids(cpu)))
         return loads, gpu, routed, missed, scratch
@@ -197,8 +199,25 @@ class PlanRules:
             self._fail(layer, "device", f"topology=multi needs plan.device, an int tensor [{E}]")
         if int(device.min()) < 0 or int(device.max()) >= G:
             self._fail(layer, "device", f"plan.device names GPUs outside 0..{G - 1}")
-        if cpu or plan.fetch_sync or plan.fetch_async or plan.evict or plan.prefetch or plan.prefetch_evict:
+        if (cpu or plan.fetch_sync or plan.fetch_async or plan.evict or plan.prefetch or plan.prefetch_evict
+                or plan.evict_elsewhere):
             self._fail(layer, "multi-gpu-offload", "topology=multi keeps every expert resident: no CPU, no moves")
+
+    def _check_elsewhere(self, layer: int, plan: LayerPlan, residency: list[set[int]]) -> None:
+        """Evictions in other layers: resident there, each once, never this layer's own
+        (plan.evict) nor an expert this plan prefetches."""
+        pairs = plan.evict_elsewhere
+        if len(set(pairs)) != len(pairs):
+            self._fail(layer, "duplicate", "evict_elsewhere lists a (layer, expert) twice")
+        prefetched = set(plan.prefetch)
+        for other, e in pairs:
+            if not (0 <= other < self.n_layers) or other == layer:
+                self._fail(layer, "evict-elsewhere-layer",
+                           f"evict_elsewhere names layer {other}: another MoE layer than {layer} is required")
+            if e not in residency[other]:
+                self._fail(layer, "evict-elsewhere-not-resident", f"layer {other} expert {e}")
+            if other == layer + 1 and e in prefetched:
+                self._fail(layer, "evict-elsewhere-prefetched", f"layer {other} expert {e} is also prefetched")
 
     def _check_prefetch(self, layer: int, plan: LayerPlan, residency: list[set[int]]) -> None:
         if layer + 1 >= self.n_layers:

@@ -70,6 +70,9 @@ class LayerPlan:
     share the PCIe link; layer+1's GPU experts wait only for the ones they use.
     device: with topology=multi only (expert parallelism), int [E]: the GPU that computes
     each expert; the engine charges the layer as its slowest GPU (harness/topology.py).
+    evict_elsewhere: (layer, expert) pairs of OTHER layers dropped before this plan's
+    fetches land, so that a layer can make room in another's cache under
+    budget.scope=global (DALI); dropping weights costs nothing.
     free_moves: the plan's residency moves cost nothing and land before the layer computes
     (the oracle's hindsight bound): its cached sync fetches are counted as free copies, not
     charged, and a miss is a routed expert not resident after the moves.
@@ -83,6 +86,7 @@ class LayerPlan:
     evict: list[int] = field(default_factory=list)
     prefetch: list[int] = field(default_factory=list)
     prefetch_evict: list[int] = field(default_factory=list)
+    evict_elsewhere: list[tuple[int, int]] = field(default_factory=list)
     device: torch.Tensor | None = None
     free_moves: bool = False
 

@@ -35,6 +35,13 @@ replacement (workload-aware). Per layer a decayed workload score s_e <- decay * 
     and a copied expert is always cached while something can be evicted.
 
 The initial residency is experts 0..B-1 of every layer (no calibration).
+
+budget.scope=global (B x L experts in total, any split): replacement ranks over the whole
+model. A copied expert takes a free slot anywhere, else the lowest-score resident of any
+layer (the LRU one without replacement) that this layer does not compute on the GPU;
+evictions in other layers go in plan.evict_elsewhere. Prefetches make room the same way,
+never evicting layer l+1's predicted top-B. So layers with heavier workloads come to hold
+more experts than others.
 """
 
 from __future__ import annotations
@@ -174,11 +181,13 @@ class Dali(System):
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
         self.capacity = ctx.experts_per_layer
+        self.global_scope = ctx.budget_scope == "global"
 
     def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
         initial = super().initial_residency(n_layers, n_experts, capacity)
         self.capacity = capacity
         self.held = [set(experts) for experts in initial]
+        self.total = capacity * n_layers  # under budget.scope=global
         self.score = np.zeros((n_layers, n_experts))
         # recency in id order, expert 0 least recent (as mixtral_offload)
         self.last_use = np.tile(np.arange(n_experts, dtype=np.float64), (n_layers, 1)) - n_experts
@@ -197,7 +206,11 @@ class Dali(System):
         held[list(resident)] = True
         on_gpu = greedy_assignment(loads, held, self.ctx.cost) if self.assign else routed & held
         fetch = np.flatnonzero(on_gpu & ~held).tolist()
-        cached, scratch, evict = self._admit(layer, fetch, on_gpu)
+        elsewhere: list[tuple[int, int]] = []
+        if self.global_scope:
+            cached, scratch, evict, elsewhere = self._admit_global(layer, fetch, on_gpu)
+        else:
+            cached, scratch, evict = self._admit(layer, fetch, on_gpu)
         self.last_use[layer, np.flatnonzero(on_gpu)] = self.tick
         self.counts["gpu_experts"] += int(on_gpu.sum())
         self.counts["cpu_experts"] += int((routed & ~on_gpu).sum())
@@ -205,11 +218,14 @@ class Dali(System):
         self.counts["scratch"] += len(scratch)
         plan = LayerPlan(
             gpu=torch.from_numpy(on_gpu), cpu=torch.from_numpy(routed & ~on_gpu), fetch_sync=sorted(fetch),
-            scratch=sorted(scratch), evict=evict,
+            scratch=sorted(scratch), evict=evict, evict_elsewhere=elsewhere,
         )
         if self.prefetch and hint is not None and layer + 1 < len(self.held):
             room = self._idle_link_copies(loads, held, on_gpu, len(fetch))
-            plan.prefetch, plan.prefetch_evict = self._prefetch(layer + 1, hint, room)
+            if self.global_scope:
+                self._prefetch_global(layer, plan, hint, room, on_gpu)
+            else:
+                plan.prefetch, plan.prefetch_evict = self._prefetch(layer + 1, hint, room)
         return plan
 
     def _idle_link_copies(self, load: np.ndarray, held: np.ndarray, on_gpu: np.ndarray, n_sync: int) -> int:
@@ -269,6 +285,86 @@ class Dali(System):
         self.last_use[layer, fetch] = self.tick
         self.counts["prefetched"] += len(fetch)
         return fetch, evict
+
+    # ---- budget.scope=global -------------------------------------------------------
+    def _global_victims(self, keep: dict[int, set[int]]) -> list[tuple[int, int]]:
+        """Every resident (layer, expert) but those in `keep`, in eviction order: lowest
+        score (replacement) or least recent first; ties to the lower layer, then the lower id."""
+        key = self.score if self.replacement else self.last_use
+        pairs = [(float(key[layer, e]), layer, e) for layer, held in enumerate(self.held)
+                 for e in held if e not in keep.get(layer, ())]
+        pairs.sort()
+        return [(layer, e) for _, layer, e in pairs]
+
+    def _free_slots(self) -> int:
+        return self.total - sum(len(held) for held in self.held)
+
+    def _drop(self, layer: int, victim: tuple[int, int], evict: list[int], elsewhere: list[tuple[int, int]]) -> None:
+        """Evict `victim`: into `evict` if it is `layer`'s own, else into `elsewhere`."""
+        other, e = victim
+        if other == layer:
+            evict.append(e)
+        else:
+            elsewhere.append(victim)
+        self.held[other].discard(e)
+
+    def _admit_global(self, layer: int, fetch: list[int], on_gpu: np.ndarray
+                      ) -> tuple[list[int], list[int], list[int], list[tuple[int, int]]]:
+        """_admit over the whole model: free slots anywhere, then the model-wide victims."""
+        held = self.held[layer]
+        room = self._free_slots()
+        keep = {layer: {int(e) for e in np.flatnonzero(on_gpu)}}
+        victims = self._global_victims(keep) if len(fetch) > room else []
+        key = self.score if self.replacement else self.last_use
+        cached, scratch, evict, elsewhere = [], [], [], []
+        for e in sorted(fetch, key=lambda e: (-float(self.score[layer, e]), e)):
+            if room > 0:
+                room -= 1
+                cached.append(e)
+            elif victims and (not self.replacement or self.score[layer, e] > key[victims[0]]):
+                self._drop(layer, victims.pop(0), evict, elsewhere)
+                cached.append(e)
+            else:
+                scratch.append(e)
+        held.update(cached)
+        return cached, scratch, evict, elsewhere
+
+    def _prefetch_global(self, layer: int, plan: LayerPlan, hint: torch.Tensor, room: int,
+                         on_gpu: np.ndarray) -> None:
+        """_prefetch into layer+1 with room made anywhere: never one of layer+1's predicted
+        top-B, nor an expert this layer computes on the GPU or has just cached."""
+        nxt = layer + 1
+        held = self.held[nxt]
+        predicted = hint.double().numpy()
+        order = np.argsort(-predicted, kind="stable")
+        order = order[predicted[order] > 0].tolist()
+        dropped = {e for other, e in plan.evict_elsewhere if other == nxt}  # by this plan's admission
+        guesses = [e for e in order if e not in held and e not in dropped][: min(self.prefetch_k, self.capacity, room)]
+        if not guesses:
+            return
+        free = self._free_slots()
+        keep = {nxt: set(order[: self.capacity]),
+                layer: {int(e) for e in np.flatnonzero(on_gpu)} | set(plan.fetch_sync)}
+        victims = self._global_victims(keep) if len(guesses) > free else []
+        evict: list[int] = []
+        elsewhere: list[tuple[int, int]] = []
+        for e in guesses:
+            if free > 0:
+                free -= 1
+            elif victims:
+                self._drop(nxt, victims.pop(0), evict, elsewhere)
+            else:
+                break
+            plan.prefetch.append(e)
+        plan.prefetch_evict = evict
+        for other, e in elsewhere:  # this layer's own victims are plan.evict
+            if other == layer:
+                plan.evict.append(e)
+            else:
+                plan.evict_elsewhere.append((other, e))
+        held.update(plan.prefetch)
+        self.last_use[nxt, plan.prefetch] = self.tick
+        self.counts["prefetched"] += len(plan.prefetch)
 
     def report(self) -> dict[str, Any]:
         return {

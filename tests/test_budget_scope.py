@@ -81,3 +81,56 @@ def test_the_scope_is_checked_and_recorded() -> None:
         BudgetConfig(scope="per_gpu")
     assert "scope" not in resolve_budget(BudgetConfig(gpu_gb=40.0), GEO).as_dict()  # per_layer, as before
     assert resolve_budget(BudgetConfig(gpu_gb=40.0, scope="global"), GEO).as_dict()["scope"] == "global"
+
+
+def run_dali(scope: str, forwards: int = 4, **options) -> OffloadEngine:
+    """Layer 0 routes experts 4..7 with many tokens each, layer 1 one token to expert 0."""
+    engine = OffloadEngine(make_system("dali", {"prefetch": False, **options}), GEO, B, COST, budget_scope=scope)
+    engine.prepare(None)
+    for step in range(forwards):
+        engine.begin_step(StepInfo(0, 0, step, step, True), 64, 64)
+        engine.plan_layer(0, torch.tensor([0, 0, 0, 0, 64, 64, 64, 64]))
+        engine.plan_layer(1, torch.tensor([1, 0, 0, 0, 0, 0, 0, 0]))
+        engine.end_step()
+    return engine
+
+
+def test_dali_ranks_over_the_model_under_a_global_budget() -> None:
+    per_layer = run_dali("per_layer")
+    assert [len(r) for r in per_layer.resident] == [2, 2]
+    global_ = run_dali("global")
+    resident = global_.resident
+    # the busy layer takes the idle layer's slots (its unused experts score lowest), within B x layers
+    assert len(resident[0]) > B and sum(len(r) for r in resident) <= 2 * B
+    assert resident == [resident[0] & {4, 5, 6, 7}, {0}]  # layer 1 keeps only the expert it uses
+    assert global_.summary()["missed_pairs"] < per_layer.summary()["missed_pairs"]
+
+
+class ElsewhereEvictor(System):
+    """Layer 1 evicts the given (layer, expert) pairs; computes everything on the CPU."""
+
+    name = "elsewhere"
+
+    def __init__(self, pairs: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.pairs = pairs
+
+    def plan(self, layer, load, hint, resident) -> LayerPlan:
+        routed = load > 0
+        return LayerPlan(gpu=torch.zeros_like(routed), cpu=routed, evict_elsewhere=self.pairs if layer == 1 else [])
+
+
+@pytest.mark.parametrize(("pairs", "rule"), [([(0, 1)], None), ([(1, 0)], "evict-elsewhere-layer"),
+                                             ([(0, 5)], "evict-elsewhere-not-resident"),
+                                             ([(0, 1), (0, 1)], "duplicate")])
+def test_evictions_in_other_layers_are_checked_and_applied(pairs, rule) -> None:
+    engine = OffloadEngine(ElsewhereEvictor(pairs), GEO, B, COST)
+    engine.prepare(None)
+    engine.begin_step(StepInfo(0, 0, 0, 0, True), 1, 1)
+    engine.plan_layer(0, torch.tensor([1, 0, 0, 0, 0, 0, 0, 0]))
+    if rule is None:
+        engine.plan_layer(1, torch.tensor([1, 0, 0, 0, 0, 0, 0, 0]))
+        assert engine.resident == [{0}, {0, 1}]
+    else:
+        with pytest.raises(PlanError, match=rule):
+            engine.plan_layer(1, torch.tensor([1, 0, 0, 0, 0, 0, 0, 0]))

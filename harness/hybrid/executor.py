@@ -225,6 +225,8 @@ class HybridExecutor:
         pool, host = self.pools[layer], self.placement.host[layer]
         for e in plan.evict:  # first: the fetches below need the slots
             pool.evict(e)
+        for other, e in plan.evict_elsewhere:  # slot pools are per layer: this frees one there
+            self.pools[other].evict(e)
         one_use = set(plan.scratch)
         scratch: Scratch = {}
         for e in plan.fetch_sync:  # first on the copy stream: this layer waits for them
