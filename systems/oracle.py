@@ -33,6 +33,7 @@ the layer is counted in report()['inexact_layers'].
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +109,69 @@ def _heavy_options(h_n: np.ndarray, g: np.ndarray, h: np.ndarray):
     return options, sums.subset, True
 
 
+DENSE_CELLS = 4096  # up to this many (s, flat count) pairs, phi is evaluated everywhere
+
+
+def _min_phi(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray, heavy_cpu: np.ndarray
+             ) -> tuple[float, int, int]:
+    """(phi, row, col): the first minimum in row-major order of
+    phi[r, c] = max(flat_gpu[c] + heavy_gpu[r], cpu_rest[c] - heavy_cpu[r]), the rows being
+    the reachable heavy token sums s (ascending), the columns the flat experts on the GPU.
+
+    Both heavy times grow with s, so in every column the GPU side rises and the CPU side
+    falls with the row: the column's minimum sits at the last row before the sides cross
+    or the first after, and the first row holding that minimum is where the CPU side
+    first drops to it; both rows are searched, then checked with the same float
+    operations as the dense phi, so the choice is the dense argmin's."""
+    n_rows, n_cols = len(heavy_gpu), len(flat_gpu)
+    monotone = bool((np.diff(heavy_gpu) >= 0).all() and (np.diff(heavy_cpu) >= 0).all())
+    if n_rows * n_cols <= DENSE_CELLS or not monotone:
+        phi = np.maximum(flat_gpu[None, :] + heavy_gpu[:, None], cpu_rest[None, :] - heavy_cpu[:, None])
+        row, col = divmod(int(phi.argmin()), n_cols)
+        return float(phi[row, col]), row, col
+    cols = np.arange(n_cols)
+
+    def first_row(pred: Callable[[np.ndarray], np.ndarray], guess: np.ndarray) -> np.ndarray:
+        """Per column, the first row where the monotone (False..., True...) `pred` holds:
+        from a guess (a searchsorted on sums that round like the predicate's, so off by a
+        row or two at most), stepped until it is exact; bisection if it is not close."""
+        rows = np.clip(guess, 0, n_rows)
+        for _ in range(4):
+            down = (rows > 0) & pred(np.maximum(rows - 1, 0))
+            up = (rows < n_rows) & ~pred(np.minimum(rows, n_rows - 1))
+            if not (down.any() or up.any()):
+                return rows
+            rows = rows - down + up
+        lo, hi = np.zeros(n_cols, np.int64), np.full(n_cols, n_rows, np.int64)
+        while (open_ := lo < hi).any():
+            mid = (lo + hi) // 2
+            ok = pred(np.minimum(mid, n_rows - 1))
+            hi = np.where(open_ & ok, mid, hi)
+            lo = np.where(open_ & ~ok, mid + 1, lo)
+        return lo
+
+    def gpu_side(rows: np.ndarray) -> np.ndarray:
+        return flat_gpu + heavy_gpu[rows]
+
+    def cpu_side(rows: np.ndarray) -> np.ndarray:
+        return cpu_rest - heavy_cpu[rows]
+
+    # the first row where the GPU side dominates: gpu_side >= cpu_side <=> heavy sum >= gap
+    both = heavy_gpu + heavy_cpu
+    cross = first_row(lambda r: gpu_side(r) >= cpu_side(r), np.searchsorted(both, cpu_rest - flat_gpu))
+    before, after = np.maximum(cross - 1, 0), np.minimum(cross, n_rows - 1)
+    phi_before = np.where(cross > 0, np.maximum(gpu_side(before), cpu_side(before)), np.inf)
+    phi_after = np.where(cross < n_rows, np.maximum(gpu_side(after), cpu_side(after)), np.inf)
+    low = np.minimum(phi_before, phi_after)
+    # before the crossing phi is the falling CPU side: the first row at the minimum
+    plateau = first_row(lambda r: cpu_side(r) <= low, np.searchsorted(heavy_cpu, cpu_rest - low))
+    first = np.where(phi_before <= phi_after, plateau, after)
+    value = low.min()
+    at = cols[low == value]
+    col = int(at[np.argmin(first[at])])  # the lowest row, then the lowest column
+    return float(value), int(first[col]), col
+
+
 def best_gpu_set(load: torch.Tensor | np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
     """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
     loads = load.numpy() if isinstance(load, torch.Tensor) else load
@@ -126,14 +190,16 @@ def best_gpu_set(load: torch.Tensor | np.ndarray, capacity: int, cost: CostModel
     options, subset_of, exact = _heavy_options(n[~flat], g[~flat], h[~flat])
     total_cpu = torch_sum(h)
     best = (float("inf"), 0, 0, 0)  # (phi, j, s, flat experts on the GPU)
+    cpu_rest = total_cpu - cpu_saved_flat
     for j, s, heavy_gpu, heavy_cpu in options:
-        gpu_side = (c1 * np.maximum(k + j - capacity, 0) + k * g1)[None, :] + heavy_gpu[:, None]
-        cpu_side = total_cpu - cpu_saved_flat[None, :] - heavy_cpu[:, None]
-        phi = np.maximum(gpu_side, cpu_side)
-        at = int(phi.argmin())
-        row, col = divmod(at, phi.shape[1])
-        if float(phi[row, col]) < best[0]:
-            best = (float(phi[row, col]), j, int(s[row]), col)
+        flat_gpu = c1 * np.maximum(k + j - capacity, 0) + k * g1
+        # a bound below every cell of this option (rounding is monotone): skip it when it
+        # cannot beat the best so far, which only a strictly lower phi replaces
+        if max(flat_gpu.min() + heavy_gpu.min(), cpu_rest.min() - heavy_cpu.max()) >= best[0]:
+            continue
+        value, row, col = _min_phi(flat_gpu, cpu_rest, heavy_gpu, heavy_cpu)
+        if value < best[0]:
+            best = (value, j, int(s[row]), col)
     value, j, s, n_flat = best
     heavy = [int(heavy_ids[i]) for i in subset_of(j, s)]
     return sorted(heavy + flat_ids[:n_flat].tolist()), value, exact

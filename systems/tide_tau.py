@@ -101,17 +101,72 @@ def miss_fraction(blocks: list[torch.Tensor], capacity: int, tau: int) -> float:
     blocks from the engine's default start (experts 0..B-1 of every layer)."""
     if not blocks:
         return 0.0
-    n_layers, n_experts = blocks[0].shape[1:]
-    resident = torch.zeros(n_layers, n_experts, dtype=torch.bool)
-    resident[:, : min(capacity, n_experts)] = True
-    missed = routed = 0
-    for block in blocks:
-        for start in range(0, block.shape[0], tau):
-            resident = refresh_residency(resident, block[start], capacity)
-            window = block[start : start + tau].long()
-            missed += int((window * ~resident).sum())
-            routed += int(window.sum())
+    missed, routed, _ = RefreshReplay(blocks, capacity).run(tau)
     return missed / routed if routed else 0.0
+
+
+class RefreshReplay:
+    """TIDE's refresh every tau steps replayed over calibration blocks (loads [steps, L, E]),
+    for any tau. What does not depend on tau is computed once, for all steps at a time:
+    each step's top-B target, its demotion order, and (with a cost model) each routed
+    expert's GPU and CPU seconds. `run(tau)` then visits one refresh per tau steps."""
+
+    def __init__(self, blocks: list[torch.Tensor], capacity: int, cost: CostModel | None = None) -> None:
+        self.capacity = capacity
+        self.n_layers, self.n_experts = blocks[0].shape[1:]
+        self.loads = [block.long() for block in blocks]
+        self.targets = [top_b_mask(loads, capacity) for loads in self.loads]
+        ids = torch.arange(self.n_experts)
+        self.demote_keys = [loads * self.n_experts + ids for loads in self.loads]  # lowest load, then id
+        self.routed_pairs = sum(int(loads.sum()) for loads in self.loads)
+        self.cost = cost
+        if cost is not None:
+            top = max(int(loads.max()) for loads in self.loads)
+            gpu_table = torch.from_numpy(cost.time_table("gpu", top))
+            cpu_table = torch.from_numpy(cost.time_table("cpu", top))
+            self.gpu_s = [torch.where(loads > 0, gpu_table[loads], 0.0) for loads in self.loads]
+            self.cpu_s = [torch.where(loads > 0, cpu_table[loads], 0.0) for loads in self.loads]
+
+    def refresh(self, resident: torch.Tensor, block: int, step: int) -> torch.Tensor:
+        """`refresh_residency(resident, loads of that step, capacity)`, from the precomputed
+        target and demotion keys."""
+        target = self.targets[block][step]
+        promote = target & ~resident
+        spare = self.capacity - resident.sum(-1)
+        n_demote = (promote.sum(-1) - spare).clamp(min=0)
+        candidates = resident & ~target
+        key = torch.where(candidates, self.demote_keys[block][step], torch.iinfo(torch.long).max)
+        order = torch.argsort(key, dim=-1, stable=True)
+        ids = torch.arange(self.n_experts)
+        ranks = torch.empty_like(order)
+        ranks.scatter_(-1, order, ids.expand_as(order).contiguous())
+        demote = candidates & (ranks < n_demote.unsqueeze(-1))
+        return (resident & ~demote) | target
+
+    def run(self, tau: int, overlap: bool = True) -> tuple[int, int, float]:
+        """(missed pairs, routed pairs, charged expert seconds per block per layer) with a
+        refresh every tau steps; the charge (0.0 without a cost model) combines each
+        layer-step's copies + GPU experts with its CPU experts as the ledger does (max when
+        overlapped, else the sum), and adds the steps' layer sums one step at a time, in order."""
+        resident = torch.zeros(self.n_layers, self.n_experts, dtype=torch.bool)
+        resident[:, : min(self.capacity, self.n_experts)] = True
+        copy_s = self.cost.copy_time(1) if self.cost is not None else 0.0
+        missed, total = 0, 0.0
+        for b, loads in enumerate(self.loads):
+            for start in range(0, loads.shape[0], tau):
+                after = self.refresh(resident, b, start)
+                window = loads[start : start + tau]
+                missed += int((window * ~after).sum())
+                if self.cost is not None:
+                    io = torch.zeros(window.shape[0], self.n_layers, dtype=torch.float64)
+                    io[0] = (after & ~resident).sum(-1).double() * copy_s
+                    gpu = torch.where(after, self.gpu_s[b][start : start + tau], 0.0).sum(-1)
+                    cpu = torch.where(after, 0.0, self.cpu_s[b][start : start + tau]).sum(-1)
+                    layer = torch.maximum(io + gpu, cpu) if overlap else io + gpu + cpu
+                    for step_s in layer.sum(-1).tolist():
+                        total += step_s
+                resident = after
+        return missed, self.routed_pairs, total / (len(self.loads) * self.n_layers)
 
 
 @dataclass(frozen=True)
@@ -145,28 +200,7 @@ def latency_curves(
 def charged_latency(blocks: list[torch.Tensor], capacity: int, tau: int, cost: CostModel, overlap: bool) -> float:
     """Expert seconds per block per layer that the ledger's combine charges TIDE (sync
     migration) with a refresh every tau steps, residency carried as in `miss_fraction`."""
-    n_layers, n_experts = blocks[0].shape[1:]
-    resident = torch.zeros(n_layers, n_experts, dtype=torch.bool)
-    resident[:, : min(capacity, n_experts)] = True
-    top = max(int(block.max()) for block in blocks)
-    gpu_table = torch.from_numpy(cost.time_table("gpu", top))
-    cpu_table = torch.from_numpy(cost.time_table("cpu", top))
-    total = 0.0
-    for block in blocks:
-        loads = block.long()
-        for s in range(block.shape[0]):
-            copies = torch.zeros(n_layers)
-            if s % tau == 0:
-                after = refresh_residency(resident, loads[s], capacity)
-                copies = (after & ~resident).sum(-1).double()
-                resident = after
-            routed = loads[s] > 0
-            gpu = torch.where(routed & resident, gpu_table[loads[s]], 0.0).sum(-1)
-            cpu = torch.where(routed & ~resident, cpu_table[loads[s]], 0.0).sum(-1)
-            io = copies * cost.copy_time(1)
-            layer = torch.maximum(io + gpu, cpu) if overlap else io + gpu + cpu
-            total += float(layer.sum())
-    return total / (len(blocks) * n_layers)
+    return RefreshReplay(blocks, capacity, cost).run(tau, overlap)[2]
 
 
 def solve_tau(
@@ -188,12 +222,14 @@ def solve_tau(
     c_cu = cost.cpu_expert_time(mean_tokens) / mean_tokens
     pairs = pairs_total / (all_loads.shape[0] * all_loads.shape[1])
     d = estimate_drift(blocks, capacity)
-    f_curve = [miss_fraction(blocks, capacity, tau) for tau in range(1, steps + 1)]
+    replay = RefreshReplay(blocks, capacity, None if overlap is None else cost)
+    runs = [replay.run(tau, bool(overlap)) for tau in range(1, steps + 1)]
+    f_curve = [missed / routed if routed else 0.0 for missed, routed, _ in runs]
     lat_io, lat_cpu = latency_curves(d, f_curve, capacity, steps, cost.copy_time(1), c_cu, pairs)
     if overlap is None:
         lat = [a + b for a, b in zip(lat_io, lat_cpu, strict=True)]
     else:
-        lat = [charged_latency(blocks, capacity, tau, cost, overlap) for tau in range(1, steps + 1)]
+        lat = [charged for _, _, charged in runs]
     tau_star = min(range(1, steps + 1), key=lambda tau: (lat[tau - 1], tau))
     return TauSolution(
         tau_star=tau_star,
