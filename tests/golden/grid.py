@@ -1,16 +1,21 @@
 """The fixed grid of the golden-result check (issue 11): every result.json metric of
 
 - tiny, live: every system (and its main variants) x 2 budgets x cache prefix/none;
-- mini proxy, replay of one cached gpu_only trace: every system x 2 budgets.
+- mini proxy, replay of one gpu_only trace: every system x 2 budgets. The trace and its
+  calibration trace are committed (tests/golden/mini/, a few hundred kB) so that the test
+  needs neither the mini proxy (building its balanced expert bias takes minutes) nor a
+  recording; the tiny cells cover recording.
 
 `python -m tests.golden.grid` rewrites tests/golden/results.json; tests/test_golden.py
 runs the same grid and requires every figure to be equal. A deliberate change of figures
-updates the file in its own commit that says why.
+updates the file in its own commit that says why. `python -m tests.golden.grid --retrace`
+first records the mini traces again (after a change to the model, the proxy or decoding).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 GOLDEN = Path(__file__).with_name("results.json")
+MINI_TRACES = Path(__file__).with_name("mini")  # trace.npz + calibration.npz
 
 # wall-clock figures never repeat; everything else in `metrics` must
 NOT_REPEATABLE = {"wall_s", "load_s", "wall_tokens_per_s", "replay_s", "layer_steps_per_s"}
@@ -40,7 +46,9 @@ TINY_BUDGETS = {"B24": ["budget=custom", "budget.experts_per_layer=24"],
                 "B64": ["budget=custom", "budget.experts_per_layer=64"]}
 MINI_BUDGETS = {"10GB": ["budget=10GB"], "18GB": ["budget=18GB"]}
 TINY_DECODE = ["model=tiny", "decode.gen_length=12", "decode.block_length=8", "decode.steps=8", "limit_prompts=2"]
-MINI_DECODE = ["model=mini", "model.weights=random", "decode.gen_length=32", "limit_prompts=1", "source=trace"]
+MINI_RECORD = ["model=mini", "model.weights=random", "decode.gen_length=32", "limit_prompts=1"]
+MINI_DECODE = ["model=mini", "model.weights=random", "decode.gen_length=32", "source=trace",
+               f"trace.path={MINI_TRACES / 'trace.npz'}"]
 
 
 def cells() -> Iterator[tuple[str, list[str]]]:
@@ -81,9 +89,20 @@ def canonical(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+def record_mini_traces(cache: Path, work: Path) -> None:
+    """A live gpu_only run of the mini proxy that records the traces the mini cells replay."""
+    run_cell([*MINI_RECORD, "system=gpu_only", "trace.record=true"], cache, work)
+    MINI_TRACES.mkdir(exist_ok=True)
+    for name in ("trace.npz", "calibration.npz"):
+        shutil.copyfile(work / name, MINI_TRACES / name)
+
+
 def main() -> None:
-    cache = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="golden-cache-"))
+    args = [a for a in sys.argv[1:] if a != "--retrace"]
+    cache = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="golden-cache-"))
     with tempfile.TemporaryDirectory() as work:
+        if "--retrace" in sys.argv[1:]:
+            record_mini_traces(cache, Path(work) / "mini-record")
         grid = run_grid(cache, Path(work))
     GOLDEN.write_text(json.dumps(grid, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(grid)} cells to {GOLDEN}")
