@@ -43,6 +43,7 @@ from harness.hybrid.wiring import all_gpu_engine, reference_key
 from harness.lossless import load_reference, store_reference
 from harness.results import fingerprint
 from harness.trace import RoutingTrace, derive_no_cache
+from harness.training.store import RESULT_WEIGHTS, weights_dir
 
 if TYPE_CHECKING:
     from harness.config import HarnessConfig
@@ -95,8 +96,6 @@ def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
         checkpoint = Path(cfg.model.path).resolve()
         identity.update(weights="real", checkpoint=str(checkpoint), checkpoint_files=checkpoint_files(checkpoint))
     else:  # a proxy is rebuilt from its seed (and corpus) by the code fingerprinted above
-        from harness.training.store import RESULT_WEIGHTS, weights_dir
-
         kind = cfg.model.weights
         checkpoint = weights_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed, kind)
         # the directory name holds the corpus digest (and, trained, the training key)

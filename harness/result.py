@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import read_json, write_json_atomic
+from harness.routing_stats import routing_metrics
 
 SCHEMA = 1
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
@@ -250,8 +251,6 @@ def routing_metrics_of(routing: Mapping[str, Any] | None) -> dict[str, float]:
     """The flat routing_* metrics of a routing section (none without one)."""
     if not routing:
         return {}
-    from harness.routing_stats import routing_metrics
-
     return routing_metrics(routing)
 
 

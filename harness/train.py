@@ -14,7 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from harness.decoding import DecodeSettings, decode
 from harness.errors import HarnessError, exit_with
+from harness.model.checkpoint import from_pretrained, load_tokenizer
+from harness.model.llada2 import KVCache
+from harness.training.store import describe, ensure_weights, trained_dir
 
 ALLOWED = {"model", "seed", "cache_dir", "sample"}
 SAMPLE_PROMPT = "Write a Python function that returns the sum of the squares of a list of numbers."
@@ -35,10 +39,6 @@ def parse_args(argv: list[str]) -> dict[str, str]:
 
 def sample_text(directory: Path, prompt: str = SAMPLE_PROMPT, gen_length: int = 96) -> str:
     """Greedy threshold-0.95 block decoding of one prompt, as the harness decodes."""
-    from harness.decoding import DecodeSettings, decode
-    from harness.model.checkpoint import from_pretrained, load_tokenizer
-    from harness.model.llada2 import KVCache
-
     model, tokenizer = from_pretrained(directory), load_tokenizer(directory)
     settings = DecodeSettings(gen_length=gen_length, block_length=32, steps=32, threshold=0.95)
     cfg = model.config
@@ -48,8 +48,6 @@ def sample_text(directory: Path, prompt: str = SAMPLE_PROMPT, gen_length: int = 
 
 
 def main(argv: list[str]) -> int:
-    from harness.training.store import describe, ensure_weights, trained_dir
-
     args = parse_args(argv)
     try:
         seed = int(args.get("seed", 0))

@@ -10,6 +10,7 @@ from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import KVCache, LLaDA2Model
 from harness.model.proxy import proxy_config
+from harness.training.store import RESULT_WEIGHTS, ensure_weights
 
 if TYPE_CHECKING:
     from harness.config_parts import ModelConfig
@@ -35,8 +36,6 @@ def nominal_geometry(model_cfg: ModelConfig) -> LLaDA2Config:
 def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
     """Real weights from model.path, or the cached proxy of the same model name and
     `model.weights` kind (trained or balanced random; built on first use)."""
-    from harness.training.store import RESULT_WEIGHTS, ensure_weights
-
     if model_cfg.path is not None:
         path, weights = Path(model_cfg.path), "real"
     else:
