@@ -33,10 +33,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import cluster, mlflow_ui, sweep_run, tracking
 from harness.plots import throughput_by_budget
-from harness.report import SWEEP_FILES, compact_line, record_from_result, sweep_markdown, sweep_records, sweep_table
+from harness.records import SWEEP_FILES, compact_line, record_from_result
+from harness.report import sweep_markdown, sweep_records, sweep_table
 from harness.result import RunResult
 from harness.results import read_json
 from harness.resume import RESUMED_FILE
+from harness.run_files import PARENT_MARKER
 
 SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
 
@@ -69,7 +71,7 @@ def sweeper_params(config: DictConfig) -> dict[str, Any]:
 
 
 def experiment_of(directory: Path, uri: str) -> str:
-    marker = tracking.find_marker(directory / tracking.PARENT_MARKER, uri)
+    marker = tracking.find_marker(directory / PARENT_MARKER, uri)
     return str(marker["experiment_id"]) if marker else "?"
 
 

@@ -34,17 +34,10 @@ import yaml
 from harness import plots
 from harness.errors import HarnessError, OneLineParser, check_output_dir
 from harness.mlflow_store import open_store
-from harness.records import (  # noqa: F401 - SWEEP_FILES, compact_line, record_from_result: re-exported
-    OPTIONAL_ROW_KEYS,
-    RECORD_METRICS,
-    ROW_KEYS,
-    SWEEP_FILES,
-    SYSTEM_ORDER,
+from harness.records import (
     _int,
-    _num,
     _pct,
     _yes_no,
-    compact_line,
     one_per_cell,
     record_from_result,
     row_keys,

@@ -18,13 +18,7 @@ from pathlib import Path
 
 from harness.artifacts import calibration_trace, describe_batch, model_identity, new_trace, reference_tokens
 from harness.config import HarnessConfig
-from harness.decode_batch import (  # noqa: F401 - DecodeBatch, EngineHook: re-exported (tests, tools)
-    DecodeBatch,
-    EngineHook,
-    decode_prompts,
-    decode_with_engine,
-    encode_checked,
-)
+from harness.decode_batch import decode_prompts, decode_with_engine, encode_checked
 from harness.decoding import steps_per_block
 from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
 from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
@@ -34,7 +28,7 @@ from harness.model import LoadedModel, load_model, nominal_geometry
 from harness.replay import run_replay
 from harness.result import DecodedOutputs, RunIdentity, RunResult
 from harness.routing_stats import statistics_with_uniform
-from harness.run_setup import RunSetup, build_result, setup_run, versions  # noqa: F401 - re-exported
+from harness.run_setup import build_result, setup_run
 from harness.workload import load_prompts, workload_record
 
 

@@ -30,7 +30,8 @@ from typing import Any
 from harness.mlflow_store import normalize_uri, open_store
 from harness.results import read_json
 from harness.resume import resumed_result_path
-from harness.tracking import RESULT_FILE, parent_run_id
+from harness.run_files import RESULT_FILE
+from harness.tracking import parent_run_id
 
 
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

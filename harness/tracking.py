@@ -44,20 +44,15 @@ from harness.mlflow_store import (
 )
 from harness.mlflow_ui import NOTE_TAG, child_description, dataset_input, parent_description
 from harness.records import SWEEP_FILES
-from harness.result import PARAM_MAX_CHARS, RunResult  # noqa: F401 - PARAM_MAX_CHARS re-exported
+from harness.result import RunResult
 from harness.resume import config_hash, index_result
-from harness.run_files import (  # noqa: F401 - re-exported: where runs live is part of the tracking API
-    ARTIFACT_TREES,
-    PARENT_MARKER,
-    REPO_ROOT,
+from harness.run_files import (
     RESULT_FILE,
     RUN_MARKER,
     experiment_name,
-    find_files,
     git_commit,
     parent_run_id,
     result_dirs,
-    source_is_trace_file,
     sweep_dir_of,
     workload_of,
 )

@@ -17,6 +17,7 @@ import torch
 
 import harness.model.experts as experts_module
 from harness.cost import CostModel, HardwareConfig
+from harness.decode_batch import decode_with_engine
 from harness.decoding import DecodeSettings
 from harness.engine import OffloadEngine
 from harness.hybrid.executor import HybridExecutor, wrap
@@ -25,7 +26,6 @@ from harness.hybrid.runtime import Op, StandInRuntime
 from harness.model import LoadedModel
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.proxy import proxy_config
-from harness.run import decode_with_engine
 from harness.trace import RoutingTrace
 from systems.base import LayerPlan
 from systems.registry import make_system

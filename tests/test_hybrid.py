@@ -21,6 +21,7 @@ import harness.run
 from harness.cli_check import compose_checked
 from harness.config import register_configs
 from harness.cost import CostModel, HardwareConfig
+from harness.decode_batch import decode_prompts, decode_with_engine
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend, resolve_backend
@@ -32,7 +33,7 @@ from harness.model.config import LLaDA2Config
 from harness.model.proxy import proxy_config
 from harness.profiling import fit_gpu_roofline
 from harness.result import RunIdentity, RunResult
-from harness.run import decode_prompts, decode_with_engine, run_job
+from harness.run import run_job
 from harness.trace import RoutingTrace
 from systems.registry import make_system
 from tests.harness_cli import REPO, TINY, run_module

@@ -13,9 +13,10 @@ import pytest
 
 from harness import mlflow_ui, tracking
 from harness.artifacts import code_version
-from harness.result import RunResult
+from harness.result import PARAM_MAX_CHARS, RunResult
 from harness.results import write_json_atomic
 from harness.resume import config_hash, index_result, prior_result
+from harness.run_files import RUN_MARKER
 from harness.tracking import TrackingConfig
 from harness.workload import prompts_digest, workload_record
 from tests.harness_cli import TINY, empty_store, run_module, runs_of, sqlite_uri
@@ -63,7 +64,7 @@ def test_log_run_records_params_tags_metrics_series_and_artifacts(tmp_path: Path
     run = client.get_run(run_id)
     assert client.get_experiment(run.info.experiment_id).name == "llada2-tiny"
     assert run.data.params["decode.gen_length"] == "8" and run.data.params["system.name"] == "tide"
-    assert len(run.data.params["workload.prompts"]) <= tracking.PARAM_MAX_CHARS
+    assert len(run.data.params["workload.prompts"]) <= PARAM_MAX_CHARS
     assert not any(k.startswith("tracking.") for k in run.data.params)
     assert run.data.tags["system"] == "tide" and run.data.tags["budget"] == "10GB"
     assert run.data.tags["weights"] == "proxy" and run.data.tags["timing"] == "modeled"
@@ -256,7 +257,7 @@ def test_unreachable_server_keeps_the_result_and_push_brings_it_in(
     assert result["system"] == "gpu_only"
     warnings = [ln for ln in proc.stderr.replace("\r", "\n").splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and "127.0.0.1:9" in warnings[0], proc.stderr[-2000:]
-    assert not (run_dir / tracking.RUN_MARKER).exists()
+    assert not (run_dir / RUN_MARKER).exists()
 
     store = empty_store(tmp_path / "mlflow.db")
     pushed = run_module("harness.tracking", ["push", str(tmp_path), "--uri", sqlite_uri(store)], proxy_cache)
