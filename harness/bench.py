@@ -42,7 +42,7 @@ from harness.model import LLaDA2Config, load_model, nominal_geometry
 from harness.profiling import load_hardware
 from harness.replay import check_geometry
 from harness.trace import RoutingTrace
-from systems.registry import SYSTEMS, make_system
+from systems.registry import SYSTEMS, entry_of, make_system
 
 BENCH_SYSTEMS = ("gpu_only", "fiddler", "mixtral_offload", "tide", "tide_adaptive", "dali", "oracle")
 ARGS = {"model": "mini", "trace": None, "steps": "256", "budget": "10GB", "forward": "true", "tokens": "32",
@@ -72,7 +72,7 @@ def _prepared_engine(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: 
                      cost: CostModel) -> OffloadEngine:
     system = make_system(name, {})
     engine = OffloadEngine(system, geometry, b, cost)
-    engine.prepare(trace if system.needs_calibration else None, 32)
+    engine.prepare(trace if entry_of(system).needs_calibration(system) else None, 32)
     return engine
 
 

@@ -92,12 +92,12 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     workload = None  # an explicit trace holds prompts this config does not name
     if cfg.trace.path is not None:
         path = Path(cfg.trace.path)
-        trace, calibration = explicit_traces(path, setup.system.needs_calibration)
+        trace, calibration = explicit_traces(path, setup.needs_calibration)
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         workload = workload_record(cfg.workload, prompts)
         trace, path = workload_trace(cfg, prompts, settings, model)
-        calibration = calibration_trace(cfg, settings, model) if setup.system.needs_calibration else None
+        calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
     check_geometry(trace, setup.geometry, path, str(cfg.model.name))
     if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
         check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))

@@ -57,7 +57,7 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
 
     record = cfg.trace.record
     calibration = None
-    if setup.system.needs_calibration or record:
+    if setup.needs_calibration or record:
         calibration = calibration_trace(cfg, settings, model, backend)
     ref_key, reference = reference_tokens(cfg, settings, prompts)
     if on_device:  # the reference is computed by this GPU's kernels: CPU kernels round differently
@@ -74,7 +74,7 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
 
     trace = new_trace(loaded, cfg, settings, "workload") if record else None
     engine = setup.engine(trace)
-    engine.prepare(calibration if setup.system.needs_calibration else None, steps_per_block(settings))
+    engine.prepare(calibration if setup.needs_calibration else None, steps_per_block(settings))
     runner = wrap(loaded.model, engine)  # kept here: its measured figures go into the result
     batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
     if isinstance(runner, HybridExecutor):

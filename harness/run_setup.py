@@ -23,7 +23,7 @@ from harness.result import DuplicateMetricError, RunIdentity, RunResult, Timing,
 from harness.topology import SINGLE, Topology, build_topology
 from harness.trace import RoutingTrace
 from systems.base import System
-from systems.registry import system_from_config
+from systems.registry import entry_of, system_from_config
 
 
 @dataclass
@@ -36,6 +36,11 @@ class RunSetup:
     hardware: HardwareConfig
     cost: CostModel
     topology: Topology = SINGLE
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the system, as configured, learns from a calibration trace (its registry entry says)."""
+        return entry_of(self.system).needs_calibration(self.system)
 
     def engine(self, trace: RoutingTrace | None = None) -> OffloadEngine:
         return OffloadEngine(self.system, self.geometry, self.budget.experts_per_layer, self.cost, trace=trace,
