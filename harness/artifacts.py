@@ -47,7 +47,7 @@ from harness.training.store import RESULT_WEIGHTS, weights_dir
 
 if TYPE_CHECKING:
     from harness.config import HarnessConfig
-    from harness.model import LoadedModel
+    from harness.loading import LoadedModel
 
 ModelLoader = Callable[[], "LoadedModel"]
 

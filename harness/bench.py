@@ -38,7 +38,8 @@ from harness.cost import CostModel
 from harness.decoding import StepInfo
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError, exit_with
-from harness.model import LLaDA2Config, load_model, nominal_geometry
+from harness.loading import load_model
+from harness.model import LLaDA2Config, nominal_geometry
 from harness.profiling import load_hardware
 from harness.replay import check_geometry
 from harness.trace import RoutingTrace

@@ -13,7 +13,8 @@ from tqdm import tqdm
 from harness.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode
 from harness.engine import OffloadEngine
 from harness.hybrid.executor import HybridExecutor, wrap
-from harness.model import KVCache, LoadedModel
+from harness.loading import LoadedModel
+from harness.model import KVCache
 from harness.workload import check_prompt_lengths, encode_prompt
 
 

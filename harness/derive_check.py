@@ -18,7 +18,7 @@ from harness.artifacts import record_trace
 from harness.cli_check import compose_checked
 from harness.config import register_configs
 from harness.decoding import DecodeSettings
-from harness.model import load_model
+from harness.loading import load_model
 from harness.trace import derive_no_cache
 from harness.workload import load_prompts
 

@@ -23,7 +23,8 @@ from harness.artifacts import calibration_trace, workload_trace
 from harness.batch_replay import replay_trace
 from harness.config import HarnessConfig
 from harness.errors import HarnessError
-from harness.model import LLaDA2Config, LoadedModel, load_model, nominal_geometry
+from harness.loading import LoadedModel, load_model
+from harness.model import LLaDA2Config, nominal_geometry
 from harness.result import RunIdentity, RunResult
 from harness.run_setup import build_result, setup_run
 from harness.trace import RoutingTrace

@@ -23,8 +23,9 @@ from harness.decoding import steps_per_block
 from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
 from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
 from harness.hybrid.wiring import all_gpu_engine, load_on_device, reference_key
+from harness.loading import LoadedModel, load_model
 from harness.lossless import compare_tokens, load_reference, store_reference
-from harness.model import LoadedModel, load_model, nominal_geometry
+from harness.model import nominal_geometry
 from harness.replay import run_replay
 from harness.result import DecodedOutputs, RunIdentity, RunResult
 from harness.routing_stats import statistics_with_uniform

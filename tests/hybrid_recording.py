@@ -23,7 +23,7 @@ from harness.engine import OffloadEngine
 from harness.hybrid.executor import HybridExecutor, wrap
 from harness.hybrid.placement import attach
 from harness.hybrid.runtime import Op, StandInRuntime
-from harness.model import LoadedModel
+from harness.loading import LoadedModel
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.proxy import proxy_config
 from harness.trace import RoutingTrace

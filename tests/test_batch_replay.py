@@ -20,7 +20,8 @@ from harness.cli_check import compose_checked
 from harness.config import register_configs
 from harness.cost import CostModel, HardwareConfig, expert_shape
 from harness.engine import OffloadEngine
-from harness.model import load_model, nominal_geometry
+from harness.loading import load_model
+from harness.model import nominal_geometry
 from harness.run import run_job
 from harness.trace import RoutingTrace
 from systems.registry import make_system

@@ -10,7 +10,7 @@ from harness.artifacts import calibration_trace, record_trace, workload_trace
 from harness.cli_check import compose_checked
 from harness.config import register_configs
 from harness.decoding import DecodeSettings, StepInfo
-from harness.model import load_model
+from harness.loading import load_model
 from harness.trace import RoutingTrace, derive_no_cache
 
 register_configs()

@@ -51,12 +51,20 @@ def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
             name = name.rpartition(".")[0]
         return name or None
 
+    def packages(target: str) -> list[str]:
+        """The project packages above `target`: importing it runs their __init__ first."""
+        parts = target.split(".")
+        return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in mods]
+
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for module, path in mods.items():
         for name, _ in imported_names(module, path):
             target = resolve(name)
-            if target and target != module and not module.startswith(target + "."):
-                graph[module].add(target)
+            if not target:
+                continue
+            for dep in [*packages(target), target]:
+                if dep != module and not module.startswith(dep + "."):
+                    graph[module].add(dep)
     return graph
 
 

@@ -23,7 +23,7 @@ from harness.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.hybrid.placement import attach, placement_of
 from harness.hybrid.runtime import CudaRuntime, StandInRuntime
-from harness.model import LoadedModel, load_model
+from harness.loading import LoadedModel, load_model
 from harness.model.config import LLaDA2Config
 from harness.results import fingerprint
 from harness.trace import RoutingTrace

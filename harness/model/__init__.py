@@ -1,46 +1,21 @@
-"""LLaDA2-MoE: the model, checkpoint loading and proxy checkpoints."""
+"""LLaDA2-MoE: the model, checkpoint loading and proxy checkpoints (harness/loading.py
+loads a configured model, building its proxy on first use)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import KVCache, LLaDA2Model
 from harness.model.proxy import proxy_config
-from harness.training.store import RESULT_WEIGHTS, ensure_weights
 
 if TYPE_CHECKING:
     from harness.config_parts import ModelConfig
 
-__all__ = ["KVCache", "LLaDA2Config", "LLaDA2Model", "LoadedModel", "load_model", "nominal_geometry"]
-
-
-@dataclass
-class LoadedModel:
-    model: LLaDA2Model
-    tokenizer: object
-    weights: str  # "real" | "trained-proxy" | "random-proxy"
-    path: Path
-    nominal: LLaDA2Config  # the geometry the budget and the cost model charge
+__all__ = ["KVCache", "LLaDA2Config", "LLaDA2Model", "nominal_geometry"]
 
 
 def nominal_geometry(model_cfg: ModelConfig) -> LLaDA2Config:
     if model_cfg.nominal == "proxy":
         return proxy_config(model_cfg.name)
     return LLaDA2Config.published(model_cfg.nominal)
-
-
-def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
-    """Real weights from model.path, or the cached proxy of the same model name and
-    `model.weights` kind (trained or balanced random; built on first use)."""
-    if model_cfg.path is not None:
-        path, weights = Path(model_cfg.path), "real"
-    else:
-        kind = model_cfg.weights
-        path = ensure_weights(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed, kind)
-        weights = RESULT_WEIGHTS[kind]
-    model = from_pretrained(path, model_cfg.dtype)
-    return LoadedModel(model, load_tokenizer(path), weights, path, nominal_geometry(model_cfg))
