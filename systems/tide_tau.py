@@ -62,14 +62,21 @@ def refresh_residency(resident: torch.Tensor, load: torch.Tensor, capacity: int)
     """TIDE's refresh: promote every target (top-B) expert that is not resident and
     demote only as many non-target residents as needed, lowest load first (then lowest
     id). bool [..., E] -> bool [..., E]."""
-    n_experts = load.shape[-1]
-    target = top_b_mask(load, capacity)
+    ids = torch.arange(load.shape[-1])
+    return refresh_to_target(resident, top_b_mask(load, capacity), load.long() * load.shape[-1] + ids, capacity)
+
+
+def refresh_to_target(resident: torch.Tensor, target: torch.Tensor, demote_key: torch.Tensor,
+                      capacity: int) -> torch.Tensor:
+    """`refresh_residency` given its target (top-B mask) and demotion key (load * E + id):
+    callers that refresh many times over the same loads compute both once."""
+    n_experts = target.shape[-1]
     promote = target & ~resident
     spare = capacity - resident.sum(-1)
     n_demote = (promote.sum(-1) - spare).clamp(min=0)
     candidates = resident & ~target
     ids = torch.arange(n_experts)
-    key = torch.where(candidates, load.long() * n_experts + ids, torch.iinfo(torch.long).max)
+    key = torch.where(candidates, demote_key, torch.iinfo(torch.long).max)
     order = torch.argsort(key, dim=-1, stable=True)
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, ids.expand_as(order).contiguous())
@@ -130,18 +137,7 @@ class RefreshReplay:
     def refresh(self, resident: torch.Tensor, block: int, step: int) -> torch.Tensor:
         """`refresh_residency(resident, loads of that step, capacity)`, from the precomputed
         target and demotion keys."""
-        target = self.targets[block][step]
-        promote = target & ~resident
-        spare = self.capacity - resident.sum(-1)
-        n_demote = (promote.sum(-1) - spare).clamp(min=0)
-        candidates = resident & ~target
-        key = torch.where(candidates, self.demote_keys[block][step], torch.iinfo(torch.long).max)
-        order = torch.argsort(key, dim=-1, stable=True)
-        ids = torch.arange(self.n_experts)
-        ranks = torch.empty_like(order)
-        ranks.scatter_(-1, order, ids.expand_as(order).contiguous())
-        demote = candidates & (ranks < n_demote.unsqueeze(-1))
-        return (resident & ~demote) | target
+        return refresh_to_target(resident, self.targets[block][step], self.demote_keys[block][step], self.capacity)
 
     def run(self, tau: int, overlap: bool = True) -> tuple[int, int, float]:
         """(missed pairs, routed pairs, charged expert seconds per block per layer) with a
