@@ -8,12 +8,14 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+import systems.oracle as oracle
 from harness.cost import CostModel, HardwareConfig, expert_shape
 from harness.engine import OffloadEngine
 from harness.errors import HarnessError
@@ -420,3 +422,17 @@ def test_fiddler_initial_residency_is_each_layers_top_b_by_popularity() -> None:
     eng.prepare(trace)
     assert eng.layer_resident(0) == {2, 7}
     assert eng.layer_resident(1) == {0, 4}  # never-routed experts fill by id
+
+
+def test_the_oracles_searched_minimum_is_the_dense_argmin(monkeypatch) -> None:
+    """_min_phi searches each column's crossing instead of evaluating every cell; with many
+    ties (costs on a coarse grid) it must still pick the dense argmin's (value, row, col)."""
+    monkeypatch.setattr(oracle, "DENSE_CELLS", 0)  # always search
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        rows, cols, q = int(rng.integers(1, 200)), int(rng.integers(1, 40)), float(rng.choice([1.0, 0.5, 0.25]))
+        heavy_gpu, heavy_cpu = np.sort(rng.integers(0, 20, rows) * q), np.sort(rng.integers(0, 20, rows) * q)
+        flat_gpu, cpu_rest = np.sort(rng.integers(0, 30, cols) * q), np.sort(rng.integers(0, 60, cols) * q)[::-1].copy()
+        phi = np.maximum(flat_gpu[None, :] + heavy_gpu[:, None], cpu_rest[None, :] - heavy_cpu[:, None])
+        row, col = divmod(int(phi.argmin()), cols)
+        assert oracle._min_phi(flat_gpu, cpu_rest, heavy_gpu, heavy_cpu) == (float(phi[row, col]), row, col)
