@@ -58,12 +58,15 @@ from harness.cost import CostModel
 from harness.ledger import Counters, Ledger
 from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, HintFn, compute_routed_experts, expert_load
-from harness.plan_rules import PlanError, PlanRules
+from harness.plan_rules import NO_MOVES, Moves, PlanError, PlanRules
 from harness.topology import SINGLE, Topology, check_system_topology
 from harness.trace import RoutingTrace
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 
 __all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in harness/plan_rules.py
+
+_NO_COPIES: tuple[tuple[int, int], ...] = ()  # a plan that issues no async copy
+_NAN = float("nan")
 
 
 
@@ -80,7 +83,7 @@ class PendingLayer:
     missed: np.ndarray  # bool [E]: routed experts not resident when the layer started (free moves: after them)
     n_scratch: int
     n_cached_sync: int  # sync fetches that stay resident
-    async_targets: list[tuple[int, int]]  # (layer, expert) copies issued
+    async_targets: Sequence[tuple[int, int]]  # (layer, expert) copies issued
     plan_s: float = 0.0  # host seconds inside System.plan
     engine_s: float = 0.0  # host seconds of decide's own work
 
@@ -102,6 +105,7 @@ class OffloadEngine:
         # topology=multi: expert parallelism, every expert resident on the GPU its plan.device
         # names, nothing offloaded; a layer is charged as its slowest GPU (harness/topology.py)
         self.topology = topology or SINGLE
+        self._multi = self.topology.multi
         check_system_topology(system.name, system.multi_gpu, self.topology)
         self.geometry = geometry
         self.n_layers = geometry.n_moe_layers
@@ -121,11 +125,15 @@ class OffloadEngine:
         # a recorded trace carries next-layer hints so that replays of hint-using systems
         # (prefetching) see what they would have seen live
         self.record_hints = trace is not None
-        self._resident: list[set[int]] = []
-        # per layer, the residency as the frozenset `System.plan` receives; rebuilt only
-        # after a plan moved that layer (most layers of most forwards move nothing)
-        self._frozen: list[frozenset[int] | None] = []
-        self._held = np.zeros((self.n_layers, self.n_experts), bool)  # the same, as masks
+        # the residency: per layer a bool mask of the experts on the GPU, and their count;
+        # `System.plan` reads its layer's row through a read-only view (made once)
+        self._held = np.zeros((self.n_layers, self.n_experts), bool)
+        self._counts = [0] * self.n_layers
+        self._views = []
+        for row in self._held:
+            view = row.view()
+            view.flags.writeable = False
+            self._views.append(view)
         self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap, system.max_loads_in_flight)
         self._step: StepInfo | None = None
         self._rows = 0  # layers recorded in the open forward
@@ -145,22 +153,25 @@ class OffloadEngine:
         initial = self.system.initial_residency(self.n_layers, self.n_experts, self.capacity)
         self.rules.check_initial(initial)
         self.resident = [set(experts) for experts in initial]
-        self._n_resident = sum(len(experts) for experts in self.resident)
         self._check_total(-1)
         self._prepared = True
 
     @property
     def resident(self) -> list[set[int]]:
-        """Per MoE layer, the experts on the GPU (read-only: the engine moves them)."""
-        return self._resident
+        """Per MoE layer, the experts on the GPU (a copy, built on each call)."""
+        return [set(np.flatnonzero(row).tolist()) for row in self._held]
 
     @resident.setter
     def resident(self, sets: list[set[int]]) -> None:
-        self._resident = sets
-        self._frozen = [None] * len(sets)
         self._held[:] = False
         for layer, experts in enumerate(sets):
             self._held[layer, list(experts)] = True
+        self._counts = [len(experts) for experts in sets]
+        self._n_resident = sum(self._counts)
+
+    def layer_resident(self, layer: int) -> set[int]:
+        """The experts on the GPU in one MoE layer (a copy)."""
+        return set(np.flatnonzero(self._held[layer]).tolist())
 
     def begin_step(self, step: StepInfo, n_tokens: int, n_context: int) -> None:
         if not self._prepared:
@@ -223,28 +234,25 @@ class OffloadEngine:
                 f"decide(layer {layer}) while layer {self._pending.layer} is decided but not accounted: "
                 "call account(pending) first"
             )
-        if load.dtype != torch.long or load.device.type != "cpu" or load.dim() != 1:
+        if not (load.is_cpu and load.dtype is torch.long and load.dim() == 1):
             load = load.detach().to("cpu", torch.long).flatten()
+        loads = load.numpy()  # what systems and rules read: numpy, a view of the load
         if self.trace is not None:
             self.trace.record(layer, load, hint)
         system = self.system
-        frozen = self._frozen[layer]
-        if frozen is None:
-            frozen = self._frozen[layer] = frozenset(self._resident[layer])
         plan_start = perf_counter()
-        plan = system.plan(layer, load, hint if system.wants_hint else None, frozen)
+        plan = system.plan(layer, loads, hint if system.wants_hint else None, self._views[layer])
         plan_s = perf_counter() - plan_start
         # checks read residency as it is before the plan; `_move` then applies the plan
-        held = self._held[layer]
-        loads, gpu, routed, missed, scratch = self.rules.check(layer, load, plan, self._resident, held)
-        n_cached, async_targets = self._move(layer, plan, scratch)
+        gpu, routed, missed, moves = self.rules.check(layer, loads, plan, self._held, self._counts)
+        moved = moves is not NO_MOVES or plan.evict_elsewhere
+        async_targets = self._move(layer, moves, plan.evict_elsewhere) if moved else _NO_COPIES
         if self.total_capacity is not None:
-            self._n_resident += n_cached + len(plan.fetch_async) + len(plan.prefetch)
-            self._n_resident -= len(plan.evict) + len(plan.prefetch_evict) + len(plan.evict_elsewhere)
             self._check_total(layer)
         if plan.free_moves:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
-            missed = np.greater(routed, held)
-        pending = PendingLayer(layer, plan, load, loads, gpu, missed, len(scratch), n_cached, async_targets, plan_s)
+            missed = np.greater(routed, self._held[layer])
+        pending = PendingLayer(layer, plan, load, loads, gpu, missed, moves.n_scratch, len(moves.cached),
+                               async_targets, plan_s)
         self._pending = pending
         pending.engine_s = perf_counter() - start - plan_s
         return plan, pending
@@ -273,35 +281,30 @@ class OffloadEngine:
         return compute_routed_experts(x, topk_idx, topk_w, experts)
 
     # ---- apply and charge --------------------------------------------------------------
-    def _move(self, layer: int, plan: LayerPlan, scratch: set[int] | frozenset[int]) -> tuple[int, list]:
-        """Apply a checked plan's moves to residency (this layer's and, for a prefetch,
-        the next one's). Returns the sync fetches that stay resident and the async copies
-        issued, as (layer, expert)."""
-        resident, held = self._resident[layer], self._held[layer]
-        cached_sync = [e for e in plan.fetch_sync if e not in scratch] if scratch else plan.fetch_sync
-        if plan.evict or cached_sync or plan.fetch_async:
-            self._frozen[layer] = None
-        if plan.evict:
-            resident.difference_update(plan.evict)
-            held[plan.evict] = False
-        for arrived in (cached_sync, plan.fetch_async):
-            if arrived:
-                resident.update(arrived)
-                held[arrived] = True
-        async_targets = [(layer, e) for e in plan.fetch_async] if plan.fetch_async else []
-        if plan.prefetch or plan.prefetch_evict:
-            self._frozen[layer + 1] = None
-            nxt, nxt_held = self._resident[layer + 1], self._held[layer + 1]
-            nxt.difference_update(plan.prefetch_evict)
-            nxt_held[plan.prefetch_evict] = False
-            nxt.update(plan.prefetch)
-            nxt_held[plan.prefetch] = True
-            async_targets += [(layer + 1, e) for e in plan.prefetch]
-        for other, e in plan.evict_elsewhere:  # checked: resident in another layer
-            self._frozen[other] = None
-            self._resident[other].discard(e)
-            self._held[other][e] = False
-        return len(cached_sync), async_targets
+    def _move(self, layer: int, moves: Moves, elsewhere: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Apply a checked plan's moves to residency (this layer's, the next one's for a
+        prefetch, other layers' for evictions elsewhere). Returns the async copies issued,
+        as (layer, expert)."""
+        held, counts = self._held, self._counts
+        row = held[layer]
+        row[moves.evict] = False
+        row[moves.cached] = True
+        row[moves.fetch_async] = True
+        added = len(moves.cached) + len(moves.fetch_async) - len(moves.evict)
+        counts[layer] += added
+        async_targets = [(layer, e) for e in moves.fetch_async.tolist()]
+        if len(moves.prefetch) or len(moves.prefetch_evict):
+            held[layer + 1, moves.prefetch_evict] = False
+            held[layer + 1, moves.prefetch] = True
+            counts[layer + 1] += len(moves.prefetch) - len(moves.prefetch_evict)
+            added += len(moves.prefetch) - len(moves.prefetch_evict)
+            async_targets += [(layer + 1, e) for e in moves.prefetch.tolist()]
+        for other, e in elsewhere:  # checked: resident in another layer
+            held[other, e] = False
+            counts[other] -= 1
+            added -= 1
+        self._n_resident += added
+        return async_targets
 
     def account(self, pending: PendingLayer) -> None:
         """The second half of a layer: record its outcome in the ledger (counters and the
@@ -317,8 +320,8 @@ class OffloadEngine:
         plan = pending.plan
         free = plan.free_moves
         n_scratch, n_cached = pending.n_scratch, pending.n_cached_sync
-        gpu_s = float("nan")
-        if self.topology.multi:  # the GPUs run their experts concurrently: the slowest one counts
+        gpu_s = _NAN
+        if self._multi:  # the GPUs run their experts concurrently: the slowest one counts
             assert plan.device is not None
             gpu_s = self.topology.layer_time(self.cost, pending.load, plan.device)
         self.ledger.record_layer(
@@ -363,9 +366,6 @@ class OffloadEngine:
         }
 
     # ---- results -----------------------------------------------------------------------
-    def layer_resident(self, layer: int) -> frozenset[int]:
-        return frozenset(self.resident[layer])
-
     def summary(self) -> dict[str, Any]:
         c = self.counters
         step_series = self.ledger.step_series()

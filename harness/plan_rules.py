@@ -15,16 +15,17 @@ nothing on the CPU and moves nothing.
 
 A system's initial residency holds, per MoE layer, at most B valid expert ids.
 
-Checking moves nothing: `PlanRules.check` reads the residency the engine hands it and
-returns what the engine needs to apply and charge the plan. It runs once per layer of
-every forward, so each test is the set rule itself written for the common case (a valid
-plan with few moves); the per-rule tests that name a broken rule run only once a fast one fails.
+Checking moves nothing: `PlanRules.check` reads the residency the engine hands it (bool
+masks [layers, E] and the count per layer) and returns what the engine needs to apply and
+charge the plan. It runs once per layer of every forward (between the router and the
+experts of a live run), so every rule is an array operation on the masks and on the id
+lists turned into arrays once; a plan that moves nothing skips the rules on moves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -34,11 +35,25 @@ from systems.base import LayerPlan
 
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
-_NO_IDS: frozenset[int] = frozenset()
-_INT_TYPE = {int}
+_BOOL = np.dtype(bool)
+_NONE = np.zeros(0, np.int64)
 
-# What `PlanRules.check` returns for a valid plan: (loads, gpu, routed, missed, scratch); see there.
-CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, set[int] | frozenset[int]]
+
+class Moves(NamedTuple):
+    """A checked plan's residency moves, as int64 id arrays (what `OffloadEngine` applies)."""
+
+    cached: np.ndarray  # sync fetches that stay resident (fetch_sync - scratch)
+    n_scratch: int
+    fetch_async: np.ndarray
+    evict: np.ndarray
+    prefetch: np.ndarray  # into layer + 1
+    prefetch_evict: np.ndarray  # from layer + 1
+
+
+NO_MOVES = Moves(_NONE, 0, _NONE, _NONE, _NONE, _NONE)
+
+# What `PlanRules.check` returns for a valid plan: (gpu, routed, missed, moves); see there.
+CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, Moves]
 
 
 class PlanError(AssertionError):
@@ -47,13 +62,12 @@ class PlanError(AssertionError):
         self.system, self.layer, self.rule = system, layer, rule
 
 
-def _flags(mask: torch.Tensor) -> np.ndarray:
-    """A bool [E] tensor as numpy (a view on the CPU)."""
-    return mask.numpy() if mask.device.type == "cpu" else mask.cpu().numpy()
-
-
 def _ids(flags: np.ndarray) -> list[int]:
     return np.flatnonzero(flags).tolist()
+
+
+def _some(mask: np.ndarray) -> bool:
+    return bool(np.count_nonzero(mask))
 
 
 class PlanRules:
@@ -67,6 +81,8 @@ class PlanRules:
         self.capacity = capacity
         self.topology = topology
         self._expert_ids = frozenset(range(n_experts))
+        self._shape = (n_experts,)
+        self._multi = topology.multi
 
     def _fail(self, layer: int, rule: str, detail: str) -> None:
         raise PlanError(self.system, layer, rule, detail)
@@ -86,99 +102,105 @@ class PlanRules:
                     f"{len(experts)} experts (capacity {self.capacity}), bad ids {bad}",
                 )
 
-    def _check_list(self, layer: int, name: str, items: list[int]) -> set[int] | frozenset[int]:
-        if not len(items):
-            return _NO_IDS
-        try:
-            ids = set(items)
-        except TypeError:  # unhashable entries: bad ids, reported below
-            ids = set()
-        if len(ids) == len(items) and ids <= self._expert_ids and set(map(type, ids)) == _INT_TYPE:
-            return ids  # plain ints in range, no repeats: the rules below hold
-        bad = [e for e in items if not (isinstance(e, int) and 0 <= e < self.n_experts)]
-        if bad:
-            self._fail(layer, "bad-id", f"{name} holds {bad[:5]}")
-        if len(set(items)) != len(items):
-            self._fail(layer, "duplicate", f"{name} lists an expert twice")
-        return set(items)
+    def _id_array(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> np.ndarray:
+        """One of a plan's id lists as int64 ids, each a valid expert id, none repeated."""
+        ids = items if type(items) is np.ndarray else np.asarray(items)
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            if ids.size == 0:
+                return _NONE
+            self._fail(layer, "bad-id", f"{name} holds {list(items)[:5]}: expert ids are ints")
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.n_experts):
+            self._fail(layer, "bad-id", f"{name} holds {[e for e in ids.tolist() if not 0 <= e < self.n_experts][:5]}")
+        if len(ids) > 1:
+            seen = np.zeros(self.n_experts, bool)
+            seen[ids] = True
+            if np.count_nonzero(seen) != len(ids):
+                self._fail(layer, "duplicate", f"{name} lists an expert twice")
+        return ids.astype(np.int64, copy=False)
 
-    def check(self, layer: int, load: torch.Tensor, plan: LayerPlan, residency: list[set[int]],
-              held: np.ndarray) -> CheckedPlan:
-        """Every rule, in this order (the first broken one raises). `load` is the layer's
-        int64 [E] load on the CPU, `residency` the engine's resident experts per layer
-        before the plan (this layer's and, for a prefetch, the next one's) and `held` this
-        layer's as a bool [E] mask (both read, never changed). Each test is the rule itself,
-        written for the common case (few moves) so that a valid plan costs a few array and
-        set operations.
+    def check(self, layer: int, loads: np.ndarray, plan: LayerPlan, held_all: np.ndarray,
+              counts: list[int]) -> CheckedPlan:
+        """Every rule, in this order (the first broken one raises). `loads` is the layer's
+        int64 [E] load (token counts, never negative), `held_all` the engine's residency
+        before the plan (bool [layers, E]: this layer's row and, for a prefetch, the next
+        one's) and `counts` its experts per layer (both read, never changed).
 
-        Returns, for a valid plan: the load as numpy (a view), the experts computed on
-        the GPU, the routed experts and the routed experts not resident before the plan
-        (bool [E] masks; every routed expert not on the GPU computes on the CPU) and
-        plan.scratch as a set."""
-        resident = residency[layer]
-        E = self.n_experts
-        gpu_t, cpu_t = plan.gpu, plan.cpu
-        for name, mask in (("gpu", gpu_t), ("cpu", cpu_t)):
-            if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (E,)):
-                self._fail(layer, "shape", f"plan.{name} must be a bool tensor [{E}]")
-        loads = load.numpy()
-        routed = loads > 0
-        gpu, cpu = _flags(gpu_t), _flags(cpu_t)
-        fetch_sync, fetch_async, scratch_ids, evict_ids = plan.fetch_sync, plan.fetch_async, plan.scratch, plan.evict
-        sync = self._check_list(layer, "fetch_sync", fetch_sync) if len(fetch_sync) else _NO_IDS
-        asyn = self._check_list(layer, "fetch_async", fetch_async) if len(fetch_async) else _NO_IDS
-        scratch = self._check_list(layer, "scratch", scratch_ids) if len(scratch_ids) else _NO_IDS
-        evict = self._check_list(layer, "evict", evict_ids) if len(evict_ids) else _NO_IDS
+        Returns, for a valid plan: the experts computed on the GPU, the routed experts and
+        the routed experts not resident before the plan (bool [E] masks; every routed
+        expert not on the GPU computes on the CPU) and the plan's moves as id arrays."""
+        gpu, cpu = plan.gpu, plan.cpu
+        if not (type(gpu) is np.ndarray and type(cpu) is np.ndarray and gpu.dtype is _BOOL and cpu.dtype is _BOOL
+                and gpu.shape == self._shape and cpu.shape == self._shape and loads.shape == self._shape):
+            self._check_masks(layer, loads, plan)
+        routed = loads.astype(bool)  # counts: routed where nonzero
         # gpu and cpu split the routed experts exactly when, per expert, they are set as
         # many times (0 or 1) as it is routed (bool bytes are 0 or 1: compare the bytes)
-        if loads.shape[0] != E or (gpu.view(np.uint8) + cpu.view(np.uint8)).tobytes() != routed.tobytes():
+        if (gpu.view(np.uint8) + cpu.view(np.uint8)).tobytes() != routed.tobytes():
             self._check_routing(layer, set(_ids(routed)), set(_ids(gpu)), set(_ids(cpu)))
-        if evict and not resident.issuperset(evict):
-            self._fail(layer, "evict-not-resident", f"experts {sorted(evict - resident)[:5]}")
-        if (sync or asyn) and (
-            ((sync | asyn) & resident or sync & asyn) if asyn else not resident.isdisjoint(sync)
-        ):
-            self._fail(
-                layer,
-                "fetch-resident",
-                f"experts {sorted(((sync | asyn) & resident) | (sync & asyn))[:5]}"
-                " are already resident or fetched twice",
-            )
-        if scratch and not scratch <= sync:
-            self._fail(
-                layer, "scratch-not-sync", f"scratch experts {sorted(scratch - sync)[:5]} not in fetch_sync"
-            )
-        if scratch and not gpu[scratch_ids].all():
-            self._fail(
-                layer, "scratch-not-gpu",
-                f"scratch experts {sorted(e for e in scratch if not gpu[e])[:5]} not computed on GPU",
-            )
-        if evict and gpu[evict_ids].any():
-            self._fail(layer, "evicted-computed-on-gpu", f"experts {sorted(e for e in evict if gpu[e])[:5]}")
-        # GPU experts not resident now must each be fetched sync (they are this layer's GPU
-        # misses); gpu is a subset of routed (checked above), so they are among the misses
+        held = held_all[layer]
         missed = np.greater(routed, held)
-        if np.count_nonzero(missed):
-            not_resident = gpu & missed
-            n_not_resident = np.count_nonzero(not_resident)
-            # each is fetched sync when all of them are among fetch_sync (no repeats: checked)
-            if n_not_resident and (not sync or np.count_nonzero(not_resident[fetch_sync]) != n_not_resident):
-                ids = set(_ids(not_resident))
-                self._fail(
-                    layer, "gpu-not-resident", f"experts {sorted(ids - sync)[:5]} neither resident nor fetched sync"
-                )
-        # len(resident - evict) + len(sync - scratch) + len(asyn): evict is resident and
-        # scratch is sync (both checked above), and no list repeats an expert
-        kept = len(resident) - len(evict) + len(sync) - len(scratch) + len(asyn)
+        moves = NO_MOVES
+        if len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.scratch) or len(plan.evict):
+            moves = self._check_moves(layer, plan, held, counts[layer], gpu)
+        elif _some(np.greater(gpu, held)):  # GPU experts not resident must be fetched sync
+            self._fail(layer, "gpu-not-resident",
+                       f"experts {_ids(np.greater(gpu, held))[:5]} neither resident nor fetched sync")
+        if len(plan.prefetch) or len(plan.prefetch_evict):
+            moves = self._check_prefetch(layer, plan, held_all, counts, moves)
+        if plan.evict_elsewhere:
+            self._check_elsewhere(layer, plan, held_all)
+        if self._multi:
+            self._check_devices(layer, plan, _some(cpu))
+        return gpu, routed, missed, moves
+
+    def _check_masks(self, layer: int, loads: np.ndarray, plan: LayerPlan) -> None:
+        """The shapes and types of the load and of plan.gpu / plan.cpu; called once one is off."""
+        E = self.n_experts
+        if not (isinstance(loads, np.ndarray) and loads.shape == self._shape and loads.dtype == np.int64):
+            raise ValueError(f"layer {layer}: the load must be an int64 numpy array [{E}]")
+        for name in ("gpu", "cpu"):
+            mask = getattr(plan, name)
+            if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == self._shape):
+                hint = " (a torch tensor: pass mask.numpy())" if isinstance(mask, torch.Tensor) else ""
+                self._fail(layer, "shape", f"plan.{name} must be a numpy bool array [{E}]{hint}")
+
+    def _check_moves(self, layer: int, plan: LayerPlan, held: np.ndarray, count: int, gpu: np.ndarray) -> Moves:
+        """The rules on this layer's fetches and evictions (a plan that moves something)."""
+        sync = self._id_array(layer, "fetch_sync", plan.fetch_sync)
+        asyn = self._id_array(layer, "fetch_async", plan.fetch_async)
+        scratch = self._id_array(layer, "scratch", plan.scratch)
+        evict = self._id_array(layer, "evict", plan.evict)
+        if len(evict) and np.count_nonzero(held[evict]) != len(evict):
+            self._fail(layer, "evict-not-resident", f"experts {[e for e in evict.tolist() if not held[e]][:5]}")
+        fetched = np.zeros(self.n_experts, np.int8)
+        fetched[sync] += 1
+        fetched[asyn] += 1
+        if (len(sync) or len(asyn)) and (_some(held[sync]) or _some(held[asyn]) or _some(fetched > 1)):
+            twice = np.flatnonzero((fetched > 0) & held | (fetched > 1)).tolist()
+            self._fail(layer, "fetch-resident", f"experts {twice[:5]} are already resident or fetched twice")
+        in_sync = fetched.astype(bool)
+        in_sync[asyn] = False
+        if len(scratch) and np.count_nonzero(in_sync[scratch]) != len(scratch):
+            self._fail(layer, "scratch-not-sync",
+                       f"scratch experts {[e for e in scratch.tolist() if not in_sync[e]][:5]} not in fetch_sync")
+        if len(scratch) and np.count_nonzero(gpu[scratch]) != len(scratch):
+            self._fail(layer, "scratch-not-gpu",
+                       f"scratch experts {[e for e in scratch.tolist() if not gpu[e]][:5]} not computed on GPU")
+        if len(evict) and _some(gpu[evict]):
+            self._fail(layer, "evicted-computed-on-gpu", f"experts {[e for e in evict.tolist() if gpu[e]][:5]}")
+        # GPU experts not resident now must each be fetched sync (they are this layer's GPU misses)
+        not_resident = np.greater(gpu, held | in_sync)
+        if _some(not_resident):
+            self._fail(layer, "gpu-not-resident", f"experts {_ids(not_resident)[:5]} neither resident nor fetched sync")
+        # lists repeat no expert, evict is resident, scratch is sync and fetches are not resident (checked)
+        kept = count - len(evict) + len(sync) - len(scratch) + len(asyn)
         if kept > self.capacity:
             self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
-        if plan.prefetch or plan.prefetch_evict:
-            self._check_prefetch(layer, plan, residency)
-        if plan.evict_elsewhere:
-            self._check_elsewhere(layer, plan, residency)
-        if self.topology.multi:
-            self._check_devices(layer, plan, set(_ids(cpu)))
-        return loads, gpu, routed, missed, scratch
+        if len(scratch):
+            one_use = np.zeros(self.n_experts, bool)
+            one_use[scratch] = True
+            sync = sync[~one_use[sync]]
+        return Moves(sync, len(scratch), asyn, evict, _NONE, _NONE)
 
     def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
         """The three rules on where the routed experts compute; called once one is broken."""
@@ -192,46 +214,47 @@ class PlanRules:
             )
         raise AssertionError(f"layer {layer}: the GPU and CPU experts do not split the routed ones")
 
-    def _check_devices(self, layer: int, plan: LayerPlan, cpu: set[int]) -> None:
+    def _check_devices(self, layer: int, plan: LayerPlan, any_cpu: bool) -> None:
         """Expert parallelism: every expert on one of the GPUs, nothing offloaded."""
         device, E, G = plan.device, self.n_experts, self.topology.n_gpus
         if not (isinstance(device, torch.Tensor) and device.shape == (E,)) or device.dtype not in INT_DTYPES:
             self._fail(layer, "device", f"topology=multi needs plan.device, an int tensor [{E}]")
         if int(device.min()) < 0 or int(device.max()) >= G:
             self._fail(layer, "device", f"plan.device names GPUs outside 0..{G - 1}")
-        if (cpu or plan.fetch_sync or plan.fetch_async or plan.evict or plan.prefetch or plan.prefetch_evict
-                or plan.evict_elsewhere):
+        if (any_cpu or len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.evict) or len(plan.prefetch)
+                or len(plan.prefetch_evict) or len(plan.evict_elsewhere)):
             self._fail(layer, "multi-gpu-offload", "topology=multi keeps every expert resident: no CPU, no moves")
 
-    def _check_elsewhere(self, layer: int, plan: LayerPlan, residency: list[set[int]]) -> None:
+    def _check_elsewhere(self, layer: int, plan: LayerPlan, held_all: np.ndarray) -> None:
         """Evictions in other layers: resident there, each once, never this layer's own
         (plan.evict) nor an expert this plan prefetches."""
         pairs = plan.evict_elsewhere
         if len(set(pairs)) != len(pairs):
             self._fail(layer, "duplicate", "evict_elsewhere lists a (layer, expert) twice")
-        prefetched = set(plan.prefetch)
+        prefetched = set(np.asarray(plan.prefetch).tolist())
         for other, e in pairs:
             if not (0 <= other < self.n_layers) or other == layer:
                 self._fail(layer, "evict-elsewhere-layer",
                            f"evict_elsewhere names layer {other}: another MoE layer than {layer} is required")
-            if e not in residency[other]:
+            if not (0 <= e < self.n_experts and held_all[other, e]):
                 self._fail(layer, "evict-elsewhere-not-resident", f"layer {other} expert {e}")
             if other == layer + 1 and e in prefetched:
                 self._fail(layer, "evict-elsewhere-prefetched", f"layer {other} expert {e} is also prefetched")
 
-    def _check_prefetch(self, layer: int, plan: LayerPlan, residency: list[set[int]]) -> None:
+    def _check_prefetch(self, layer: int, plan: LayerPlan, held_all: np.ndarray, counts: list[int],
+                        moves: Moves) -> Moves:
         if layer + 1 >= self.n_layers:
             self._fail(layer, "prefetch-last-layer", "the last MoE layer has no next layer to prefetch into")
-        nxt = residency[layer + 1]
-        fetch = self._check_list(layer, "prefetch", plan.prefetch)
-        evict = self._check_list(layer, "prefetch_evict", plan.prefetch_evict)
-        if evict - nxt:
-            self._fail(
-                layer, "prefetch-evict-not-resident", f"layer {layer + 1} experts {sorted(evict - nxt)[:5]}"
-            )
-        if fetch & nxt:
-            self._fail(layer, "prefetch-resident", f"layer {layer + 1} experts {sorted(fetch & nxt)[:5]}")
-        if len(nxt - evict) + len(fetch) > self.capacity:
-            self._fail(
-                layer, "prefetch-capacity", f"layer {layer + 1} would hold {len(nxt - evict) + len(fetch)}"
-            )
+        nxt = held_all[layer + 1]
+        fetch = self._id_array(layer, "prefetch", plan.prefetch)
+        evict = self._id_array(layer, "prefetch_evict", plan.prefetch_evict)
+        if len(evict) and np.count_nonzero(nxt[evict]) != len(evict):
+            self._fail(layer, "prefetch-evict-not-resident",
+                       f"layer {layer + 1} experts {[e for e in evict.tolist() if not nxt[e]][:5]}")
+        if _some(nxt[fetch]):
+            self._fail(layer, "prefetch-resident",
+                       f"layer {layer + 1} experts {[e for e in fetch.tolist() if nxt[e]][:5]}")
+        kept = counts[layer + 1] - len(evict) + len(fetch)
+        if kept > self.capacity:
+            self._fail(layer, "prefetch-capacity", f"layer {layer + 1} would hold {kept}")
+        return moves._replace(prefetch=fetch, prefetch_evict=evict)

@@ -10,7 +10,8 @@ counted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -25,40 +26,13 @@ if TYPE_CHECKING:
     from harness.model.config import LLaDA2Config
     from harness.trace import RoutingTrace
 
-def resident_mask(resident: frozenset[int], n_experts: int) -> torch.Tensor:
-    """bool [E]: the experts a layer holds on the GPU, as a mask to combine with `load > 0`."""
-    mask = torch.zeros(n_experts, dtype=torch.bool)
-    mask[list(resident)] = True
-    return mask
-
-
-class HeldMasks:
-    """Per layer, the bool [E] numpy mask of the `resident` frozenset a plan received.
-
-    The engine hands `plan` the same frozenset object until a plan moves that layer's
-    residency, so the mask is rebuilt only then (a plan would otherwise spend a list and a
-    fancy index on it every layer of every forward). The masks are read-only: a plan that
-    needs to change one copies it."""
-
-    def __init__(self) -> None:
-        self._sets: dict[int, frozenset[int]] = {}
-        self._masks: dict[int, np.ndarray] = {}
-
-    def __call__(self, layer: int, resident: frozenset[int], n_experts: int) -> np.ndarray:
-        mask = self._masks.get(layer)
-        if mask is None or self._sets[layer] is not resident or mask.shape[0] != n_experts:
-            mask = np.zeros(n_experts, bool)
-            mask[list(resident)] = True
-            mask.flags.writeable = False
-            self._sets[layer], self._masks[layer] = resident, mask
-        return mask
-
-
-@dataclass
+@dataclass(slots=True)
 class LayerPlan:
     """Where each routed expert of one layer is computed, and which weights move.
 
-    gpu / cpu: bool [E]; every routed expert (load > 0) is set in exactly one of them.
+    gpu / cpu: numpy bool [E]; every routed expert (load > 0) is set in exactly one of
+    them. (numpy, not torch: the plan sits between the router and the experts of every
+    layer, and a torch op costs several microseconds there; see harness/plan_rules.py.)
     fetch_sync: copied host->GPU before the layer computes (blocking); these become
     resident unless also listed in `scratch`.
     fetch_async: copied in the background (prefetch / async migration); they become
@@ -76,17 +50,20 @@ class LayerPlan:
     free_moves: the plan's residency moves cost nothing and land before the layer computes
     (the oracle's hindsight bound): its cached sync fetches are counted as free copies, not
     charged, and a miss is a routed expert not resident after the moves.
+
+    The id lists default to empty tuples (a plan is built every layer of every forward): a
+    system that extends one after construction passes its own list.
     """
 
-    gpu: torch.Tensor
-    cpu: torch.Tensor
-    fetch_sync: list[int] = field(default_factory=list)
-    fetch_async: list[int] = field(default_factory=list)
-    scratch: list[int] = field(default_factory=list)
-    evict: list[int] = field(default_factory=list)
-    prefetch: list[int] = field(default_factory=list)
-    prefetch_evict: list[int] = field(default_factory=list)
-    evict_elsewhere: list[tuple[int, int]] = field(default_factory=list)
+    gpu: np.ndarray
+    cpu: np.ndarray
+    fetch_sync: Sequence[int] = ()
+    fetch_async: Sequence[int] = ()
+    scratch: Sequence[int] = ()
+    evict: Sequence[int] = ()
+    prefetch: Sequence[int] = ()
+    prefetch_evict: Sequence[int] = ()
+    evict_elsewhere: Sequence[tuple[int, int]] = ()
     device: torch.Tensor | None = None
     free_moves: bool = False
 
@@ -141,8 +118,13 @@ class System:
     def on_step(self, step: StepInfo) -> None:
         pass
 
-    def plan(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None,
-             resident: frozenset[int]) -> LayerPlan:
+    def plan(self, layer: int, load: np.ndarray, hint: torch.Tensor | None,
+             resident: np.ndarray) -> LayerPlan:
+        """One MoE layer of one forward: `load` is the int64 [E] count of tokens routed to
+        each expert (never negative), `hint` the next layer's predicted load (a float [E]
+        tensor, only for systems with `wants_hint`), `resident` the experts this layer
+        holds now (bool [E], read-only: a view of the engine's residency, which the engine
+        changes once the plan is applied; copy it to keep it). Leave `load` as it is."""
         raise NotImplementedError
 
     def report(self) -> dict[str, object]:

@@ -195,15 +195,13 @@ class Dali(System):
 
     # ---- one layer -----------------------------------------------------------------
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         self.tick += 1
-        self.held[layer] = set(resident)  # the engine's residency is the truth
-        loads = load.numpy()
+        self.held[layer] = set(np.flatnonzero(resident).tolist())  # the engine's residency is the truth
+        loads, held = load, resident
         self.score[layer] = self.decay * self.score[layer] + loads.astype(np.float64)
         routed = loads > 0
-        held = np.zeros(routed.shape[0], bool)
-        held[list(resident)] = True
         on_gpu = greedy_assignment(loads, held, self.ctx.cost) if self.assign else routed & held
         fetch = np.flatnonzero(on_gpu & ~held).tolist()
         elsewhere: list[tuple[int, int]] = []
@@ -217,8 +215,8 @@ class Dali(System):
         self.counts["cached"] += len(cached)
         self.counts["scratch"] += len(scratch)
         plan = LayerPlan(
-            gpu=torch.from_numpy(on_gpu), cpu=torch.from_numpy(routed & ~on_gpu), fetch_sync=sorted(fetch),
-            scratch=sorted(scratch), evict=evict, evict_elsewhere=elsewhere,
+            gpu=on_gpu, cpu=routed & ~on_gpu, fetch_sync=sorted(fetch),
+            scratch=sorted(scratch), evict=evict, evict_elsewhere=elsewhere, prefetch=[],  # extended by prefetching
         )
         if self.prefetch and hint is not None and layer + 1 < len(self.held):
             room = self._idle_link_copies(loads, held, on_gpu, len(fetch))

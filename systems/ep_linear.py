@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from systems.base import LayerPlan, PrepareContext, System
@@ -26,10 +27,10 @@ def linear_mapping(n_experts: int, n_gpus: int) -> torch.Tensor:
     return torch.arange(n_experts) * n_gpus // n_experts
 
 
-def expert_parallel_plan(load: torch.Tensor, device: torch.Tensor) -> LayerPlan:
+def expert_parallel_plan(load: np.ndarray, device: torch.Tensor) -> LayerPlan:
     """Every routed expert on its GPU, nothing on the CPU, nothing moved."""
     routed = load > 0
-    return LayerPlan(gpu=routed.clone(), cpu=torch.zeros_like(routed), device=device)
+    return LayerPlan(gpu=routed, cpu=np.zeros_like(routed), device=device)
 
 
 class EpLinear(System):
@@ -50,7 +51,7 @@ class EpLinear(System):
         return [set(range(n_experts)) for _ in range(n_layers)]
 
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         assert self.mapping is not None, "prepare() first"
         return expert_parallel_plan(load, self.mapping)

@@ -24,7 +24,7 @@ import torch
 
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
-from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
+from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide_tau import top_b_mask
 
 
@@ -43,7 +43,6 @@ class Fiddler(System):
         super().__init__()
         self.popularity: torch.Tensor | None = None
         self._rule = np.zeros(0, bool)  # cheaper_on_cpu per load
-        self.held_masks = HeldMasks()
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -79,17 +78,17 @@ class Fiddler(System):
         return self._rule[loads]
 
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load.numpy()
+        loads = load
         routed = loads > 0
-        held = self.held_masks(layer, resident, routed.shape[0])
+        held = resident
         miss = np.greater(routed, held)
         to_scratch = miss & ~self.cheaper_on_cpu(loads)
         scratch = np.flatnonzero(to_scratch).tolist()
         return LayerPlan(
-            gpu=torch.from_numpy((routed & held) | to_scratch),
-            cpu=torch.from_numpy(miss & ~to_scratch),
+            gpu=(routed & held) | to_scratch,
+            cpu=miss & ~to_scratch,
             fetch_sync=list(scratch),
             scratch=scratch,
         )

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from harness.errors import HarnessError
@@ -198,7 +199,7 @@ class Gem(System):
         return [set(range(n_experts)) for _ in range(n_layers)]
 
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         assert self.mappings is not None, "prepare() first"
         return expert_parallel_plan(load, self.mappings[layer])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from systems.base import LayerPlan, PrepareContext, System
@@ -23,7 +24,7 @@ class GpuOnly(System):
 
     def __init__(self) -> None:
         super().__init__()
-        self._nothing = torch.zeros(0, dtype=torch.bool)  # plan.cpu: no expert runs on the CPU
+        self._nothing = np.zeros(0, bool)  # plan.cpu: no expert runs on the CPU
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -38,12 +39,11 @@ class GpuOnly(System):
         return [set(range(n_experts)) for _ in range(n_layers)]
 
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        routed = load.numpy() > 0
-        if self._nothing.shape[0] != routed.shape[0]:
-            self._nothing = torch.zeros(routed.shape[0], dtype=torch.bool)
-        return LayerPlan(gpu=torch.from_numpy(routed), cpu=self._nothing)
+        if self._nothing.shape[0] != load.shape[0]:
+            self._nothing = np.zeros(load.shape[0], bool)
+        return LayerPlan(gpu=load.astype(bool), cpu=self._nothing)  # loads are counts: routed where nonzero
 
     def report(self) -> dict[str, object]:
         # B >= E means the budget holds every expert of every layer (B is capped at E).

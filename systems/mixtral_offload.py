@@ -61,7 +61,11 @@ class MixtralOffload(System):
         self.prefetch = prefetch
         self.prefetch_k = prefetch_k
         self.wants_hint = prefetch
-        self.lru: list[list[int]] = []  # per layer, least recent first
+        # per layer and expert, a recency stamp (larger: more recent; every stamp distinct):
+        # the LRU order of the resident experts is the order of their stamps
+        self.stamp = np.zeros((0, 0), np.int64)
+        self.clock: list[int] = []  # per layer, the next stamp
+        self.cached = np.zeros((0, 0), bool)  # per layer, what the cache holds (prefetch reads layer+1's)
         self.prefetched = 0
 
     def prepare(self, ctx: PrepareContext) -> None:
@@ -70,49 +74,68 @@ class MixtralOffload(System):
 
     def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
         initial = super().initial_residency(n_layers, n_experts, capacity)
-        self.lru = [sorted(experts) for experts in initial]
+        # recency in id order, expert 0 least recent
+        self.stamp = np.tile(np.arange(n_experts, dtype=np.int64), (n_layers, 1))
+        self.clock = [n_experts] * n_layers
+        self.cached = np.zeros((n_layers, n_experts), bool)
+        for layer, experts in enumerate(initial):
+            self.cached[layer, list(experts)] = True
         self.capacity = capacity
         return initial
 
+    def _touch(self, layer: int, ids: np.ndarray) -> None:
+        """Make `ids` the most recent experts of `layer`, the last one most recent."""
+        clock = self.clock[layer]
+        self.stamp[layer, ids] = np.arange(clock, clock + len(ids))
+        self.clock[layer] = clock + len(ids)
+
+    def _least_recent(self, layer: int, candidates: np.ndarray, n: int) -> np.ndarray:
+        """The `n` least recent of the expert ids `candidates`, least recent first."""
+        return candidates[np.argsort(self.stamp[layer, candidates])[:n]] if n > 0 else candidates[:0]
+
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        lru = [e for e in self.lru[layer] if e in resident]  # the engine's residency is the truth
-        routed_mask = load.numpy() > 0
-        routed = np.flatnonzero(routed_mask).tolist()
-        hits = [e for e in routed if e in resident]
-        misses = [e for e in routed if e not in resident]
-        room = max(0, self.capacity - len(hits))  # slots once every unused expert is evicted
+        held = resident  # the engine's residency is the truth
+        routed = load > 0
+        hits = routed & held
+        misses = np.flatnonzero(np.greater(routed, held))  # ascending id: the order they load in
+        room = max(0, self.capacity - int(np.count_nonzero(hits)))  # slots once every unused expert is evicted
         cached, scratch = misses[:room], misses[room:]
-        n_evict = max(0, len(lru) + len(cached) - self.capacity)
-        used = set(routed)
-        unused = [e for e in lru if e not in used]  # least recent first: the eviction order
-        evict, kept = unused[:n_evict], unused[n_evict:]
-        self.lru[layer] = kept + sorted(hits + cached)
+        n_evict = int(np.count_nonzero(held)) + len(cached) - self.capacity
+        evict = self._least_recent(layer, np.flatnonzero(np.greater(held, routed)), n_evict)
+        in_cache = self.cached[layer]
+        in_cache[:] = held
+        in_cache[evict] = False
+        in_cache[cached] = True
+        used = hits.copy()
+        used[cached] = True
+        self._touch(layer, np.flatnonzero(used))  # every expert the layer used, in ascending id order
         plan = LayerPlan(
-            gpu=torch.from_numpy(routed_mask),
-            cpu=torch.from_numpy(np.zeros_like(routed_mask)),
-            fetch_sync=cached + scratch,
-            scratch=scratch,
-            evict=evict,
+            gpu=routed,
+            cpu=np.zeros_like(routed),
+            fetch_sync=misses.tolist(),  # cached, then scratch: ascending id
+            scratch=scratch.tolist(),
+            evict=evict.tolist(),
         )
-        if self.prefetch and hint is not None and layer + 1 < len(self.lru):
+        if self.prefetch and hint is not None and layer + 1 < len(self.clock):
             plan.prefetch, plan.prefetch_evict = self._prefetch_next(layer + 1, hint)
         return plan
 
     def _prefetch_next(self, layer: int, hint: torch.Tensor) -> tuple[list[int], list[int]]:
-        lru = self.lru[layer]
-        held = set(lru)
+        in_cache = self.cached[layer]
         predicted = hint.float()
         order = torch.sort(predicted, descending=True, stable=True).indices
-        order = order[predicted[order] > 0].tolist()
+        order = order[predicted[order] > 0].numpy()
         k = min(self.prefetch_k, self.capacity)
-        guesses = [e for e in order if e not in held][:k]
-        n_evict = max(0, len(lru) + len(guesses) - self.capacity)
-        evict = lru[:n_evict]
-        self.lru[layer] = lru[n_evict:] + guesses
+        guesses = order[~in_cache[order]][:k]
+        n_evict = int(np.count_nonzero(in_cache)) + len(guesses) - self.capacity
+        evict = self._least_recent(layer, np.flatnonzero(in_cache), n_evict)
+        in_cache[evict] = False
+        in_cache[guesses] = True
+        self._touch(layer, guesses)  # the guesses, most likely first, after every cached expert
         self.prefetched += len(guesses)
-        return guesses, evict
+        return guesses.tolist(), evict.tolist()
 
     def report(self) -> dict[str, object]:
         return {"prefetch": self.prefetch, "prefetched_experts": self.prefetched,

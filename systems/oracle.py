@@ -172,9 +172,9 @@ def _min_phi(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray, 
     return float(value), int(first[col]), col
 
 
-def best_gpu_set(load: torch.Tensor | np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
+def best_gpu_set(load: np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
     """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
-    loads = load.numpy() if isinstance(load, torch.Tensor) else load
+    loads = load
     ids = np.flatnonzero(loads > 0)
     n = loads[ids].astype(np.int64)
     top = int(n.max()) if n.size else 0
@@ -219,9 +219,9 @@ class Oracle(System):
         self.capacity = ctx.experts_per_layer
 
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load.numpy()
+        loads = load
         chosen, _, exact = best_gpu_set(loads, self.capacity, self.ctx.cost)
         self.planned_layers += 1
         self.inexact_layers += not exact
@@ -229,18 +229,19 @@ class Oracle(System):
         routed = np.flatnonzero(loads > 0)
         # heaviest first, ties to the lower id (ids ascend and the sort is stable)
         by_load = routed[np.argsort(-loads[routed], kind="stable")].tolist()
-        held = self._held(on_gpu, by_load, resident)
-        fetch = sorted(held - resident)
-        evict = sorted(resident - held)
+        now = set(np.flatnonzero(resident).tolist())
+        held = self._held(on_gpu, by_load, now)
+        fetch = sorted(held - now)
+        evict = sorted(now - held)
         scratch = sorted(on_gpu - held)
         gpu = np.zeros(loads.shape[0], bool)
         gpu[chosen] = True
         return LayerPlan(
-            gpu=torch.from_numpy(gpu), cpu=torch.from_numpy((loads > 0) & ~gpu), fetch_sync=fetch + scratch,
+            gpu=gpu, cpu=(loads > 0) & ~gpu, fetch_sync=fetch + scratch,
             scratch=scratch, evict=evict, free_moves=True,  # hindsight: the engine charges no residency move
         )
 
-    def _held(self, on_gpu: set[int], by_load: list[int], resident: frozenset[int]) -> set[int]:
+    def _held(self, on_gpu: set[int], by_load: list[int], resident: set[int]) -> set[int]:
         """B experts to hold (moves are free, so which ones is immaterial to the charge):
         G's experts already resident (a resident expert cannot be a scratch copy), then
         G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so the

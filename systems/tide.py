@@ -30,7 +30,7 @@ import torch
 from harness.bitsets import pack, popcount, unpack
 from harness.errors import HarnessError
 from harness.ledger import LayerOutcomes
-from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
+from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide_tau import TauSolution, solve_tau
 
 MIGRATIONS = ("sync", "async")
@@ -72,10 +72,10 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: s
     promote = np.flatnonzero(after & ~now).tolist()
     demote = np.flatnonzero(now & ~after).tolist()
     if migration == "sync":
-        return LayerPlan(gpu=torch.from_numpy(routed & after), cpu=torch.from_numpy(routed & ~after),
+        return LayerPlan(gpu=routed & after, cpu=routed & ~after,
                          fetch_sync=promote, evict=demote)
     kept = now & after
-    return LayerPlan(gpu=torch.from_numpy(routed & kept), cpu=torch.from_numpy(routed & ~kept),
+    return LayerPlan(gpu=routed & kept, cpu=routed & ~kept,
                      fetch_async=promote, evict=demote)
 
 
@@ -124,7 +124,6 @@ class Tide(System):
         self.refreshing = False
         self.refreshes = 0
         self.migrated = 0
-        self.held_masks = HeldMasks()
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -157,13 +156,13 @@ class Tide(System):
         self.refreshes += self.refreshing
 
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load.numpy()
+        loads = load
         routed = loads > 0
-        now = self.held_masks(layer, resident, routed.shape[0])
+        now = resident
         if not self.refreshing:
-            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(np.greater(routed, now)))
+            return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
         plan = refresh_plan(now, loads, self.capacity, self.migration)
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan

@@ -42,7 +42,7 @@ import torch
 
 from harness.errors import HarnessError
 from harness.ordered_sums import torch_sum
-from systems.base import HeldMasks, LayerPlan, PrepareContext, StepInfo, System
+from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide import MIGRATIONS, refresh_plan, top_b
 
 
@@ -99,7 +99,6 @@ class TideAdaptive(System):
         self.tau_per_block: list[float] = []
         self.refreshes = 0
         self.migrated = 0
-        self.held_masks = HeldMasks()
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -154,15 +153,15 @@ class TideAdaptive(System):
 
     # ---- one layer -----------------------------------------------------------------
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load.numpy()
+        loads = load
         routed = loads > 0
-        now = self.held_masks(layer, resident, routed.shape[0])
+        now = resident
         if self.current is not None and self.current.kind == "denoise":
             self._observe(loads, now)
         if not self.refreshing:
-            return LayerPlan(gpu=torch.from_numpy(routed & now), cpu=torch.from_numpy(np.greater(routed, now)))
+            return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
         plan = refresh_plan(now, loads, self.capacity, self.migration)
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -52,8 +53,8 @@ class Hoarder(System):
 
     def plan(self, layer, load, hint, resident) -> LayerPlan:
         routed = load > 0
-        return LayerPlan(gpu=routed, cpu=torch.zeros_like(routed),
-                         fetch_sync=[e for e in torch.nonzero(routed).flatten().tolist() if e not in resident])
+        return LayerPlan(gpu=routed, cpu=np.zeros_like(routed),
+                         fetch_sync=np.flatnonzero(routed & ~resident))
 
 
 def run_hoarder(scope: str, loads: list[list[int]]) -> OffloadEngine:
@@ -117,7 +118,7 @@ class ElsewhereEvictor(System):
 
     def plan(self, layer, load, hint, resident) -> LayerPlan:
         routed = load > 0
-        return LayerPlan(gpu=torch.zeros_like(routed), cpu=routed, evict_elsewhere=self.pairs if layer == 1 else [])
+        return LayerPlan(gpu=np.zeros_like(routed), cpu=routed, evict_elsewhere=self.pairs if layer == 1 else [])
 
 
 @pytest.mark.parametrize(("pairs", "rule"), [([(0, 1)], None), ([(1, 0)], "evict-elsewhere-layer"),

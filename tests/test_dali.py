@@ -109,8 +109,8 @@ def test_a_heavy_missing_expert_is_copied_and_the_idle_cpu_takes_the_light_ones(
     plan = eng.plan_layer(0, load)
     # 5 costs ~8 ms on the CPU but ~0.3 ms copied; while its copy and compute run, the CPU
     # finishes the three light experts, even the resident 0
-    assert plan.gpu.nonzero().flatten().tolist() == [5]
-    assert plan.cpu.nonzero().flatten().tolist() == [0, 6, 7]
+    assert np.flatnonzero(plan.gpu).tolist() == [5]
+    assert np.flatnonzero(plan.cpu).tolist() == [0, 6, 7]
     assert plan.fetch_sync == [5] and plan.evict == [1]  # 1 is idle and scores lowest
     assert eng.layer_resident(0) == {0, 5}
     held = torch.zeros(12, dtype=torch.bool)
@@ -193,7 +193,7 @@ def test_assign_off_puts_residents_on_the_gpu_and_the_rest_on_the_cpu() -> None:
     eng = engine("dali", {"assign": False, "prefetch": False}, GEO, 2)
     eng.begin_step(step(1, 0, 0), 3000, 3000)
     plan = eng.plan_layer(0, loads(12, e0=3, e5=3000))  # the greedy would copy 5
-    assert plan.gpu.nonzero().flatten().tolist() == [0] and plan.cpu.nonzero().flatten().tolist() == [5]
+    assert np.flatnonzero(plan.gpu).tolist() == [0] and np.flatnonzero(plan.cpu).tolist() == [5]
     assert not plan.fetch_sync and not plan.evict
 
 

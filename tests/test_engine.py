@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,8 +24,8 @@ LOAD = torch.tensor([1, 0, 2, 3, 0, 0, 0, 0])  # experts 0 (resident), 2 and 3 (
 STEP = StepInfo(prompt=0, block=0, step=0, global_step=0, is_first_block=True)
 
 
-def mask(*ids: int, n: int = E) -> torch.Tensor:
-    out = torch.zeros(n, dtype=torch.bool)
+def mask(*ids: int, n: int = E) -> np.ndarray:
+    out = np.zeros(n, bool)
     out[list(ids)] = True
     return out
 
@@ -44,7 +45,7 @@ class Scripted(System):
         return [set(range(self.initial)) for _ in range(n_layers)]
 
     def plan(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]
+        self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         return self.make_plan(layer)
 
@@ -58,7 +59,7 @@ def engine_for(
 
 
 BAD_PLANS: dict[str, Callable[[], LayerPlan]] = {
-    "shape": lambda: LayerPlan(gpu=torch.zeros(E - 1, dtype=torch.bool), cpu=mask(2, 3)),
+    "shape": lambda: LayerPlan(gpu=np.zeros(E - 1, bool), cpu=mask(2, 3)),
     "bad-id": lambda: LayerPlan(gpu=mask(0), cpu=mask(2, 3), fetch_async=[E + 1]),
     "duplicate": lambda: LayerPlan(gpu=mask(0, 2), cpu=mask(3), fetch_sync=[2, 2]),
     "computed-twice": lambda: LayerPlan(gpu=mask(0, 2), cpu=mask(2, 3), fetch_sync=[2], evict=[1]),
@@ -247,3 +248,11 @@ def test_gpu_only_holds_every_expert_and_never_misses() -> None:
     assert (
         s["capacity"] == E and s["missed_pairs"] == 0 and s["io_bytes"] == 0 and s["cpu_expert_tokens"] == 0
     )
+
+
+def test_a_plan_with_torch_masks_is_refused_with_the_fix() -> None:
+    torch_plan = LayerPlan(gpu=torch.from_numpy(mask(0, 2)), cpu=torch.from_numpy(mask(3)), fetch_sync=[2], evict=[1])
+    engine = engine_for(Scripted(lambda layer: torch_plan))
+    engine.begin_step(STEP, 3, 3)
+    with pytest.raises(PlanError, match=r"numpy bool array \[8\] \(a torch tensor: pass mask.numpy\(\)\)"):
+        engine.plan_layer(0, LOAD)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,7 +40,7 @@ class Sequence_(System):
         super().__init__()
         self.plans, self.overlap, self.sleep_s = list(plans), overlap, sleep_s
 
-    def plan(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None, resident: frozenset[int]) -> LayerPlan:
+    def plan(self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray) -> LayerPlan:
         if self.sleep_s:
             time.sleep(self.sleep_s)
         return self.plans.pop(0)

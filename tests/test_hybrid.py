@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,8 +77,8 @@ def runs(tiny_dir: Path, calibration: RoutingTrace) -> dict[str, Recording]:
 
 
 
-def ids(mask: torch.Tensor) -> list[int]:
-    return torch.nonzero(mask).flatten().tolist()
+def ids(mask: np.ndarray) -> list[int]:
+    return np.flatnonzero(mask).tolist()
 
 
 # ---- what the executor computes --------------------------------------------------------

@@ -118,7 +118,7 @@ class HybridExecutor:
         """What the system placed before the first forward; not part of any step's time."""
         for layer, pool in enumerate(self.pools):
             host = self.placement.host[layer]
-            for e in sorted(self.engine.resident[layer]):
+            for e in sorted(self.engine.layer_resident(layer)):
                 pool.load(e, host.views[e], "initial")
         self._settle()
 
@@ -203,12 +203,12 @@ class HybridExecutor:
         rt.note("plan", layer)
         scratch = self._apply_moves(layer, plan)
         buffer = x.new_zeros(idx.numel(), x.shape[1], dtype=row_dtype(x, w))  # fp32 rows for bf16, as the reference
-        cpu_mask = plan.cpu.to(torch.bool)
+        cpu_mask = torch.from_numpy(plan.cpu)
         cpu_job = None
         if self.overlap and bool(cpu_mask.any()):
             cpu_job = self._start_cpu(layer, x, idx_host, w, cpu_mask, groups)
         device_groups = groups._replace(order=rt.to_device(groups.order))
-        self._run_gpu(layer, x, idx, w, plan.gpu.to(torch.bool), scratch, buffer, device_groups)
+        self._run_gpu(layer, x, idx, w, torch.from_numpy(plan.gpu), scratch, buffer, device_groups)
         del scratch  # one-use buffers: never resident, freed once the queued kernels ran
         # the harness's own bookkeeping (counters, modeled time) runs while the device computes
         engine.account(pending)
@@ -294,10 +294,10 @@ class HybridExecutor:
         """The slots hold exactly what the engine counts as resident (and never more than B)."""
         layers = [layer, layer + 1] if (plan.prefetch or plan.prefetch_evict) else [layer]
         for lay in layers:
-            if self.pools[lay].holds() != self.engine.resident[lay]:
+            if self.pools[lay].holds() != self.engine.layer_resident(lay):
                 raise RuntimeError(
                     f"layer {lay}: device slots hold {sorted(self.pools[lay].holds())[:8]}..., "
-                    f"the engine counts {sorted(self.engine.resident[lay])[:8]}..."
+                    f"the engine counts {sorted(self.engine.layer_resident(lay))[:8]}..."
                 )
 
     # ---- results -------------------------------------------------------------------------
