@@ -83,6 +83,7 @@ class PlanRules:
         self._expert_ids = frozenset(range(n_experts))
         self._shape = (n_experts,)
         self._multi = topology.multi
+        self._no_mask = np.zeros(n_experts, bool)  # an empty list's mask (never written)
 
     def _fail(self, layer: int, rule: str, detail: str) -> None:
         raise PlanError(self.system, layer, rule, detail)
@@ -102,21 +103,23 @@ class PlanRules:
                     f"{len(experts)} experts (capacity {self.capacity}), bad ids {bad}",
                 )
 
-    def _id_array(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> np.ndarray:
-        """One of a plan's id lists as int64 ids, each a valid expert id, none repeated."""
+    def _id_array(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One of a plan's id lists as (int64 ids, bool [E] mask), each a valid expert id,
+        none repeated."""
         ids = items if type(items) is np.ndarray else np.asarray(items)
         if ids.dtype.kind not in "iu" or ids.ndim != 1:
             if ids.size == 0:
-                return _NONE
+                return _NONE, self._no_mask
             self._fail(layer, "bad-id", f"{name} holds {list(items)[:5]}: expert ids are ints")
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.n_experts):
+        ids = ids.astype(np.int64, copy=False)
+        # one comparison finds ids < 0 too: they wrap to huge unsigned values
+        if _some(ids.view(np.uint64) >= self.n_experts):
             self._fail(layer, "bad-id", f"{name} holds {[e for e in ids.tolist() if not 0 <= e < self.n_experts][:5]}")
-        if len(ids) > 1:
-            seen = np.zeros(self.n_experts, bool)
-            seen[ids] = True
-            if np.count_nonzero(seen) != len(ids):
-                self._fail(layer, "duplicate", f"{name} lists an expert twice")
-        return ids.astype(np.int64, copy=False)
+        mask = np.zeros(self.n_experts, bool)
+        mask[ids] = True
+        if np.count_nonzero(mask) != len(ids):
+            self._fail(layer, "duplicate", f"{name} lists an expert twice")
+        return ids, mask
 
     def check(self, layer: int, loads: np.ndarray, plan: LayerPlan, held_all: np.ndarray,
               counts: list[int]) -> CheckedPlan:
@@ -165,29 +168,28 @@ class PlanRules:
                 self._fail(layer, "shape", f"plan.{name} must be a numpy bool array [{E}]{hint}")
 
     def _check_moves(self, layer: int, plan: LayerPlan, held: np.ndarray, count: int, gpu: np.ndarray) -> Moves:
-        """The rules on this layer's fetches and evictions (a plan that moves something)."""
-        sync = self._id_array(layer, "fetch_sync", plan.fetch_sync)
-        asyn = self._id_array(layer, "fetch_async", plan.fetch_async)
-        scratch = self._id_array(layer, "scratch", plan.scratch)
-        evict = self._id_array(layer, "evict", plan.evict)
-        if len(evict) and np.count_nonzero(held[evict]) != len(evict):
-            self._fail(layer, "evict-not-resident", f"experts {[e for e in evict.tolist() if not held[e]][:5]}")
-        fetched = np.zeros(self.n_experts, np.int8)
-        fetched[sync] += 1
-        fetched[asyn] += 1
-        if (len(sync) or len(asyn)) and (_some(held[sync]) or _some(held[asyn]) or _some(fetched > 1)):
-            twice = np.flatnonzero((fetched > 0) & held | (fetched > 1)).tolist()
-            self._fail(layer, "fetch-resident", f"experts {twice[:5]} are already resident or fetched twice")
-        in_sync = fetched.astype(bool)
-        in_sync[asyn] = False
-        if len(scratch) and np.count_nonzero(in_sync[scratch]) != len(scratch):
+        """The rules on this layer's fetches and evictions (a plan that moves something),
+        each a mask operation."""
+        sync, in_sync = self._id_array(layer, "fetch_sync", plan.fetch_sync)
+        asyn, in_async = self._id_array(layer, "fetch_async", plan.fetch_async)
+        scratch, in_scratch = self._id_array(layer, "scratch", plan.scratch)
+        evict, in_evict = self._id_array(layer, "evict", plan.evict)
+        if len(evict) and _some(np.greater(in_evict, held)):
+            self._fail(layer, "evict-not-resident", f"experts {_ids(np.greater(in_evict, held))[:5]}")
+        if len(asyn):
+            if _some((in_sync | in_async) & held) or _some(in_sync & in_async):
+                twice = _ids((in_sync | in_async) & held | in_sync & in_async)
+                self._fail(layer, "fetch-resident", f"experts {twice[:5]} are already resident or fetched twice")
+        elif len(sync) and _some(in_sync & held):
+            self._fail(layer, "fetch-resident", f"experts {_ids(in_sync & held)[:5]} are already resident")
+        if len(scratch) and _some(np.greater(in_scratch, in_sync)):
             self._fail(layer, "scratch-not-sync",
-                       f"scratch experts {[e for e in scratch.tolist() if not in_sync[e]][:5]} not in fetch_sync")
-        if len(scratch) and np.count_nonzero(gpu[scratch]) != len(scratch):
+                       f"scratch experts {_ids(np.greater(in_scratch, in_sync))[:5]} not in fetch_sync")
+        if len(scratch) and _some(np.greater(in_scratch, gpu)):
             self._fail(layer, "scratch-not-gpu",
-                       f"scratch experts {[e for e in scratch.tolist() if not gpu[e]][:5]} not computed on GPU")
-        if len(evict) and _some(gpu[evict]):
-            self._fail(layer, "evicted-computed-on-gpu", f"experts {[e for e in evict.tolist() if gpu[e]][:5]}")
+                       f"scratch experts {_ids(np.greater(in_scratch, gpu))[:5]} not computed on GPU")
+        if len(evict) and _some(in_evict & gpu):
+            self._fail(layer, "evicted-computed-on-gpu", f"experts {_ids(in_evict & gpu)[:5]}")
         # GPU experts not resident now must each be fetched sync (they are this layer's GPU misses)
         not_resident = np.greater(gpu, held | in_sync)
         if _some(not_resident):
@@ -196,11 +198,8 @@ class PlanRules:
         kept = count - len(evict) + len(sync) - len(scratch) + len(asyn)
         if kept > self.capacity:
             self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
-        if len(scratch):
-            one_use = np.zeros(self.n_experts, bool)
-            one_use[scratch] = True
-            sync = sync[~one_use[sync]]
-        return Moves(sync, len(scratch), asyn, evict, _NONE, _NONE)
+        cached = np.flatnonzero(np.greater(in_sync, in_scratch)) if len(scratch) else sync
+        return Moves(cached, len(scratch), asyn, evict, _NONE, _NONE)
 
     def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
         """The three rules on where the routed experts compute; called once one is broken."""
@@ -246,8 +245,8 @@ class PlanRules:
         if layer + 1 >= self.n_layers:
             self._fail(layer, "prefetch-last-layer", "the last MoE layer has no next layer to prefetch into")
         nxt = held_all[layer + 1]
-        fetch = self._id_array(layer, "prefetch", plan.prefetch)
-        evict = self._id_array(layer, "prefetch_evict", plan.prefetch_evict)
+        fetch, _ = self._id_array(layer, "prefetch", plan.prefetch)
+        evict, _ = self._id_array(layer, "prefetch_evict", plan.prefetch_evict)
         if len(evict) and np.count_nonzero(nxt[evict]) != len(evict):
             self._fail(layer, "prefetch-evict-not-resident",
                        f"layer {layer + 1} experts {[e for e in evict.tolist() if not nxt[e]][:5]}")

@@ -11,7 +11,7 @@ counted).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -66,6 +66,13 @@ class LayerPlan:
     evict_elsewhere: Sequence[tuple[int, int]] = ()
     device: torch.Tensor | None = None
     free_moves: bool = False
+
+    def with_lists(self) -> LayerPlan:
+        """This plan with each id list as a list of Python ints (for code that iterates them)."""
+        return replace(self, **{name: np.asarray(getattr(self, name), dtype=np.int64).tolist() for name in ID_LISTS})
+
+
+ID_LISTS = ("fetch_sync", "fetch_async", "scratch", "evict", "prefetch", "prefetch_evict")
 
 
 @dataclass

@@ -114,9 +114,9 @@ class MixtralOffload(System):
         plan = LayerPlan(
             gpu=routed,
             cpu=np.zeros_like(routed),
-            fetch_sync=misses.tolist(),  # cached, then scratch: ascending id
-            scratch=scratch.tolist(),
-            evict=evict.tolist(),
+            fetch_sync=misses,  # cached, then scratch: ascending id
+            scratch=scratch,
+            evict=evict,
         )
         if self.prefetch and hint is not None and layer + 1 < len(self.clock):
             plan.prefetch, plan.prefetch_evict = self._prefetch_next(layer + 1, hint)

@@ -69,8 +69,8 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: s
     the CPU while the copies proceed."""
     routed = loads > 0
     after = refreshed(now, loads, capacity)
-    promote = np.flatnonzero(after & ~now).tolist()
-    demote = np.flatnonzero(now & ~after).tolist()
+    promote = np.flatnonzero(np.greater(after, now))
+    demote = np.flatnonzero(np.greater(now, after))
     if migration == "sync":
         return LayerPlan(gpu=routed & after, cpu=routed & ~after,
                          fetch_sync=promote, evict=demote)

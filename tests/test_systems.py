@@ -82,7 +82,7 @@ def test_tide_moves_weights_only_at_refreshes_and_holds_the_top_b() -> None:
         load = torch.randint(0, 6, (8,), generator=gen)
         plan = eng.plan_layer(0, load)
         if s % 3:
-            assert not (plan.fetch_sync or plan.evict or plan.fetch_async)
+            assert not (len(plan.fetch_sync) or len(plan.evict) or len(plan.fetch_async))
         else:
             top2 = sorted(range(8), key=lambda e: (-int(load[e]), e))[:2]
             assert set(top2) <= eng.layer_resident(0)
@@ -99,12 +99,12 @@ def test_tide_demotes_only_as_many_as_needed_lowest_load_first() -> None:
         eng.prepare(None)  # initial residency {0, 1, 2, 3}
         eng.begin_step(step(1, 0, 0), 3, 3)
         plan = eng.plan_layer(0, load)
-        assert plan.evict == [2]  # 2 and 3 are idle; one slot is needed; the lower id goes
+        assert list(plan.evict) == [2]  # 2 and 3 are idle; one slot is needed; the lower id goes
         assert eng.layer_resident(0) == {0, 1, 3, 5}
         if migration == "sync":
-            assert plan.fetch_sync == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1, 5]
+            assert list(plan.fetch_sync) == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1, 5]
         else:
-            assert plan.fetch_async == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1]
+            assert list(plan.fetch_async) == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1]
             assert np.flatnonzero(plan.cpu).tolist() == [5]
 
 
@@ -148,7 +148,8 @@ def test_fiddler_cpu_or_copy_rule_on_both_sides_of_the_crossover() -> None:
         plan = eng.plan_layer(0, loads(8, e0=crossover - 1, e1=crossover, e3=4))
         assert np.flatnonzero(plan.cpu).tolist() == [0]
         assert np.flatnonzero(plan.gpu).tolist() == [1, 3]
-        assert plan.scratch == [1] and plan.fetch_sync == [1] and not plan.evict
+        ids = plan.with_lists()
+        assert ids.scratch == [1] and ids.fetch_sync == [1] and not ids.evict
         assert eng.layer_resident(0) == {3, 6}  # placement never changes
         eng.end_step()
 
@@ -170,7 +171,8 @@ def test_mixtral_lru_order_eviction_and_scratch() -> None:
     for g, (load, evict, fetch, scratch, after) in enumerate(expected):
         eng.begin_step(step(1, g, g), 2, 2)
         plan = eng.plan_layer(0, load)
-        assert (plan.evict, plan.fetch_sync, plan.scratch) == (evict, fetch, scratch)
+        ids = plan.with_lists()
+        assert (ids.evict, ids.fetch_sync, ids.scratch) == (evict, fetch, scratch)
         assert np.array_equal(plan.gpu, load.numpy() > 0) and not plan.cpu.any()
         assert eng.layer_resident(0) == after
         eng.end_step()
@@ -184,7 +186,7 @@ def test_mixtral_prefetch_fills_the_next_layer_from_the_hint() -> None:
     assert plan.prefetch == [6] and plan.prefetch_evict == [0]
     assert eng.layer_resident(1) == {1, 6}
     plan1 = eng.plan_layer(1, loads(8, e6=2))
-    assert not plan1.fetch_sync
+    assert not len(plan1.fetch_sync)
     eng.end_step()
     s = eng.summary()
     assert s["copies_async"] == 1 and s["missed_pairs"] == 0

@@ -125,7 +125,7 @@ def test_a_refresh_comes_when_the_accumulated_regret_pays_for_it(tokens: int) ->
     for s in range(1, 40):
         eng.begin_step(StepInfo(0, 1, s, s, False), 8, 8)
         plan = eng.plan_layer(0, load)
-        if plan.fetch_sync:
+        if len(plan.fetch_sync):
             refreshed.append(s)
     assert refreshed == [expected]
     assert (expected == 2) == (tokens == 100)  # a heavy expert is worth copying almost at once

@@ -223,6 +223,7 @@ class HybridExecutor:
 
     def _apply_moves(self, layer: int, plan: LayerPlan) -> Scratch:
         pool, host = self.pools[layer], self.placement.host[layer]
+        plan = plan.with_lists()  # ids as Python ints: the pools key their slots by them
         for e in plan.evict:  # first: the fetches below need the slots
             pool.evict(e)
         for other, e in plan.evict_elsewhere:  # slot pools are per layer: this frees one there
@@ -292,7 +293,7 @@ class HybridExecutor:
 
     def _check_residency(self, layer: int, plan: LayerPlan) -> None:
         """The slots hold exactly what the engine counts as resident (and never more than B)."""
-        layers = [layer, layer + 1] if (plan.prefetch or plan.prefetch_evict) else [layer]
+        layers = [layer, layer + 1] if (len(plan.prefetch) or len(plan.prefetch_evict)) else [layer]
         for lay in layers:
             if self.pools[lay].holds() != self.engine.layer_resident(lay):
                 raise RuntimeError(
