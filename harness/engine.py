@@ -405,11 +405,11 @@ class OffloadEngine:
         """Run the system over a recorded trace (no weights), layer by layer as a live run
         plans, with the tokens and context `RoutingTrace.forward_size` gives each forward.
         harness/batch_replay.py replays systems that plan in batch faster, to the same bits."""
-        loads = trace.loads
+        loads = trace.loads.to(torch.long)  # one conversion, not one per layer
         top_k = self.geometry.num_experts_per_tok
         for s, step in enumerate(trace.steps):
             self.begin_step(step, *trace.forward_size(s, top_k))
-            rows = loads[s].to(torch.long).unbind(0)  # one conversion per forward, not per layer
+            rows = loads[s].unbind(0)
             for layer in range(self.n_layers):
                 wants = self.system.wants_hint and layer + 1 < self.n_layers
                 self.plan_layer(layer, rows[layer], trace.hint(s, layer) if wants else None)

@@ -43,6 +43,7 @@ class Fiddler(System):
         super().__init__()
         self.popularity: torch.Tensor | None = None
         self._rule = np.zeros(0, bool)  # cheaper_on_cpu per load
+        self._copied = np.zeros(0, bool)  # its negation
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -69,29 +70,35 @@ class Fiddler(System):
         (negative loads as 0), tabulated per load from the cost model's tables of its
         vector functions."""
         loads = np.maximum(loads, 0)
-        top = int(loads.max()) if loads.size else 0
+        self._tabulate(int(loads.max()) if loads.size else 0)
+        return self._rule[loads]
+
+    def copied_miss(self, load: np.ndarray) -> np.ndarray:
+        """~cheaper_on_cpu of one layer's load (counts, never negative): where a miss goes
+        to a scratch copy."""
+        self._tabulate(int(load.max()))
+        return self._copied[load]
+
+    def _tabulate(self, top: int) -> None:
+        """The rule for every load up to at least `top`."""
         if top >= len(self._rule):
             cost = self.ctx.cost
             n = max(len(cost.time_table("gpu", top)), len(cost.time_table("cpu", top)))
             gpu, cpu = cost.time_table("gpu", n - 1)[:n], cost.time_table("cpu", n - 1)[:n]
             self._rule = cpu <= cost.copy_time(1) + gpu
-        return self._rule[loads]
+            self._copied = ~self._rule
 
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load
-        routed = loads > 0
-        held = resident
-        miss = np.greater(routed, held)
-        to_scratch = miss & ~self.cheaper_on_cpu(loads)
-        scratch = np.flatnonzero(to_scratch).tolist()
-        return LayerPlan(
-            gpu=(routed & held) | to_scratch,
-            cpu=miss & ~to_scratch,
-            fetch_sync=list(scratch),
-            scratch=scratch,
-        )
+        routed = load.astype(bool)  # loads are counts
+        miss = np.greater(routed, resident)
+        to_scratch = miss & self.copied_miss(load)
+        if not np.count_nonzero(to_scratch):  # the common case: every miss computes on the CPU
+            return LayerPlan(gpu=routed & resident, cpu=miss)
+        scratch = np.flatnonzero(to_scratch)
+        return LayerPlan(gpu=(routed & resident) | to_scratch, cpu=miss & ~to_scratch, fetch_sync=scratch,
+                         scratch=scratch)
 
 
 class FiddlerBatchPlanner:
