@@ -1,7 +1,7 @@
 """The offload engine: residency per MoE layer, plan validation, charging, execution.
 
 A system only answers `plan(layer, load, hint, resident)`; the engine owns residency
-(per layer a set of at most B experts on the GPU), checks every plan against the rules
+(per layer a bool mask of at most B experts on the GPU), checks every plan against the rules
 (harness/plan_rules.py), applies it, and records what it implies in its ledger
 (harness/ledger.py: counters, the forward timeline of the cost model, the step series,
 charged in batches of forwards). It needs no weights: `plan_layer` is the
@@ -35,9 +35,11 @@ Counters: a missed pair is a routed token-expert pair whose expert was not resid
 the layer started (for a plan whose moves are free, the oracle's, after its moves);
 io_bytes counts every charged host->GPU copy (sync, scratch, async, prefetch).
 
-Speed: the bookkeeping runs once per layer of every forward, so it works on plain Python
-ints and sets and numpy views of the load, never indexes a tensor with a list, and leaves
-all arithmetic to the ledger, which charges a batch of forwards in a few array passes.
+Speed: the bookkeeping runs once per layer of every forward, between the router and the
+experts, so it touches torch once (the load's numpy view) and works on numpy masks from
+there: residency is a bool [layers, E] array (systems read their row through a read-only
+view), plans are masks and id arrays, and all arithmetic is left to the ledger, which
+charges a batch of forwards in a few array passes. `python -m harness.bench` measures it.
 
 Lossless: `run_experts` computes every routed expert with one call of
 `compute_routed_experts` in canonical order, so on one device every placement gives the
