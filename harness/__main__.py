@@ -16,14 +16,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness import callbacks
-from harness.cli_check import precheck, typed_config
-from harness.config import register_configs
+from harness.cli import callbacks
+from harness.cli.cli_check import precheck, typed_config
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
 from harness.errors import HarnessError
 from harness.results import write_json_atomic
-from harness.resume import resumed_result_path, skip_if_done
-from harness.run import run_job
-from harness.tracking import log_if_missing, record_finished_run
+from harness.tracking.resume import resumed_result_path, skip_if_done
+from harness.tracking.tracking import log_if_missing, record_finished_run
 
 register_configs()
 

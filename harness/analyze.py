@@ -23,8 +23,8 @@ import pandas as pd
 
 from harness.errors import HarnessError, check_output_dir, exit_with
 from harness.routing_stats import STAT_KEYS, statistics_with_uniform
-from harness.stability import denoise_runs, stability_table
-from harness.trace import RoutingTrace
+from harness.traces.stability import denoise_runs, stability_table
+from harness.traces.trace import RoutingTrace
 
 
 def plot_stability(table: pd.DataFrame, path: Path, title: str) -> Path:

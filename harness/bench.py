@@ -9,7 +9,7 @@ Per system, over a routing trace (everything but the numerics):
   plan validation and residency, the ledger's recording and its charge of the forwards),
   the engine driven layer by layer as a live run drives it; median of 3 runs, each with a
   fresh system; plan_us_per_layer_step: the part inside `System.plan` (same run);
-- replay_layer_steps_per_s: a replay's speed (harness/batch_replay.py: in batch where the
+- replay_layer_steps_per_s: a replay's speed (harness/traces/batch_replay.py: in batch where the
   system plans in batch, `replay_mode` fast, else layer by layer, the live figure), and
   `replay_exact`: whether the replay's summary equals the live path's bit for bit;
 - with forward=true, plan_vs_forward: the live path's time over the proxy model's forward
@@ -30,19 +30,19 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from harness.batch_replay import replay_trace, summary_differences
-from harness.budget import resolve_budget
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.cost import CostModel
-from harness.decoding import StepInfo
-from harness.engine import OffloadEngine
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.cli.replay import check_geometry
+from harness.core.budget import resolve_budget
+from harness.core.cost import CostModel
+from harness.core.engine import OffloadEngine
+from harness.core.profiling import load_hardware
+from harness.decode.decoding import StepInfo
+from harness.decode.loading import load_model
 from harness.errors import HarnessError, exit_with
-from harness.loading import load_model
 from harness.model import LLaDA2Config, nominal_geometry
-from harness.profiling import load_hardware
-from harness.replay import check_geometry
-from harness.trace import RoutingTrace
+from harness.traces.batch_replay import replay_trace, summary_differences
+from harness.traces.trace import RoutingTrace
 from systems.registry import SYSTEMS, entry_of, make_system
 
 BENCH_SYSTEMS = ("gpu_only", "fiddler", "mixtral_offload", "tide", "tide_adaptive", "dali", "oracle")

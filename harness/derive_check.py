@@ -14,13 +14,13 @@ import sys
 import time
 from dataclasses import replace
 
-from harness.artifacts import record_trace
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.decoding import DecodeSettings
-from harness.loading import load_model
-from harness.trace import derive_no_cache
-from harness.workload import load_prompts
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.decode.decoding import DecodeSettings
+from harness.decode.loading import load_model
+from harness.decode.workload import load_prompts
+from harness.traces.artifacts import record_trace
+from harness.traces.trace import derive_no_cache
 
 
 def main(argv: list[str]) -> int:

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from harness.errors import HarnessError, exit_with
-from harness.stability import stability_table
-from harness.trace import RoutingTrace
+from harness.traces.stability import stability_table
+from harness.traces.trace import RoutingTrace
 
 STAT_KEYS = ("distinct_experts_per_layer_step", "top_b_share", "unused_experts_per_layer", "popularity_cv",
              "cross_prompt_popularity_corr", "tokens_per_denoise_step", "top_b_share_step", "load_entropy")

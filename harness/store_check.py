@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.mlflow_store import normalize_uri, open_store
 from harness.results import read_json
-from harness.resume import resumed_result_path
-from harness.run_files import RESULT_FILE
-from harness.tracking import parent_run_id
+from harness.tracking.mlflow_store import normalize_uri, open_store
+from harness.tracking.resume import resumed_result_path
+from harness.tracking.run_files import RESULT_FILE
+from harness.tracking.tracking import parent_run_id
 
 
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

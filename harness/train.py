@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.decoding import DecodeSettings, decode
+from harness.decode.decoding import DecodeSettings, decode
 from harness.errors import HarnessError, exit_with
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.llada2 import KVCache

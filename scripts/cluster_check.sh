@@ -172,7 +172,7 @@ report "$([[ $line == *": ok: "* ]] && echo ok || echo FAILED)" store "${line#*:
 
 # ---------------------------------------------------------------------------- SLURM + SQLite
 # the default store is a SQLite file: the launching process warns, the jobs leave it alone,
-# and the launching process logs their results at the end (harness/cluster.py)
+# and the launching process logs their results at the end (harness/tracking/cluster.py)
 if [ "$LAUNCHER" = slurm ]; then
   STEP_START=$SECONDS
   LITE="$WORK/sweeps/sqlite"

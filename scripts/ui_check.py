@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cdp import Browser, BrowserError
 
-from harness.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, runs_page_link
+from harness.tracking.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, runs_page_link
 
 FAILURES: list[str] = []
 ROWS = "[...document.querySelectorAll('[role=row]')]"

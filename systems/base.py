@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from harness.decoding import ForwardKind, StepInfo  # noqa: F401 - re-exported for systems
-from harness.topology import SINGLE, Topology
+from harness.core.topology import SINGLE, Topology
+from harness.decode.decoding import ForwardKind, StepInfo  # noqa: F401 - re-exported for systems
 
 if TYPE_CHECKING:
-    from harness.cost import CostModel
-    from harness.ledger import LayerOutcomes
+    from harness.core.cost import CostModel
+    from harness.core.ledger import LayerOutcomes
     from harness.model.config import LLaDA2Config
-    from harness.trace import RoutingTrace
+    from harness.traces.trace import RoutingTrace
 
 @dataclass(slots=True)
 class LayerPlan:
@@ -32,7 +32,7 @@ class LayerPlan:
 
     gpu / cpu: numpy bool [E]; every routed expert (load > 0) is set in exactly one of
     them. (numpy, not torch: the plan sits between the router and the experts of every
-    layer, and a torch op costs several microseconds there; see harness/plan_rules.py.)
+    layer, and a torch op costs several microseconds there; see harness/core/plan_rules.py.)
     fetch_sync: copied host->GPU before the layer computes (blocking); these become
     resident unless also listed in `scratch`.
     fetch_async: copied in the background (prefetch / async migration); they become
@@ -43,7 +43,7 @@ class LayerPlan:
     cache. They are issued when this layer plans (the hint about layer+1 exists then) and
     share the PCIe link; layer+1's GPU experts wait only for the ones they use.
     device: with topology=multi only (expert parallelism), int [E]: the GPU that computes
-    each expert; the engine charges the layer as its slowest GPU (harness/topology.py).
+    each expert; the engine charges the layer as its slowest GPU (harness/core/topology.py).
     evict_elsewhere: (layer, expert) pairs of OTHER layers dropped before this plan's
     fetches land, so that a layer can make room in another's cache under
     budget.scope=global (DALI); dropping weights costs nothing.
@@ -85,7 +85,7 @@ class PrepareContext:
     calibration: RoutingTrace | None  # gpu_only routing of the calibration prompts
     decode_steps: int | None = None  # denoising steps per block of the run (T)
     topology: Topology = SINGLE  # the GPUs (relative speeds) an expert-parallel system maps onto
-    budget_scope: str = "per_layer"  # global: B x layers experts in total, any split (harness/budget.py)
+    budget_scope: str = "per_layer"  # global: B x layers experts in total, any split (harness/core/budget.py)
 
 
 class BatchPlanner(Protocol):
@@ -105,7 +105,7 @@ class System:
 
     name: str = "base"
     overlap: bool = False  # CPU experts run concurrently with GPU experts
-    max_loads_in_flight: int = 0  # > 0: misses load while resident experts compute (harness/pipeline.py)
+    max_loads_in_flight: int = 0  # > 0: misses load while resident experts compute (harness/core/pipeline.py)
     wants_hint: bool = False  # ask the engine for next-layer predicted loads
     needs_calibration: bool = False
     ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B

@@ -52,9 +52,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.cost import CostModel
+from harness.core.cost import CostModel
+from harness.core.ordered_sums import torch_sum
 from harness.errors import HarnessError
-from harness.ordered_sums import torch_sum
 from systems.base import LayerPlan, PrepareContext, System
 
 

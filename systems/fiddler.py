@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from harness.core.ledger import LayerOutcomes
 from harness.errors import HarnessError
-from harness.ledger import LayerOutcomes
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide_tau import top_b_mask
 

@@ -1,7 +1,7 @@
 """GEM-style GPU-variability-aware expert-to-GPU mapping (DESIGN section 7).
 
 topology=multi only: experts are spread over G GPUs of unequal speed and nothing is
-offloaded; a layer finishes when its slowest GPU does (harness/topology.py). Like
+offloaded; a layer finishes when its slowest GPU does (harness/core/topology.py). Like
 ep_linear, each GPU holds a fixed number of experts per layer (the same E / G split, so
 both use the same memory); GEM chooses *which* experts, per layer, once, in prepare():
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from harness.errors import HarnessError
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.base import LayerPlan, PrepareContext, System
 from systems.ep_linear import expert_parallel_plan, linear_mapping
 

@@ -3,7 +3,7 @@
 Charging, as the original (`ExpertCache.load_experts` of dvmazur/mixtral-offloading):
 the experts a layer holds compute first while its misses load, at most
 `max_loads_in_flight` copies at a time (the original's buffer_size - 1; its demo uses
-buffer_size=4, so 3), each miss computing once its copy has landed (harness/pipeline.py
+buffer_size=4, so 3), each miss computing once its copy has landed (harness/core/pipeline.py
 has the timeline). `max_loads_in_flight=0` charges the simpler rule: every miss copied
 before any expert of the layer computes.
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.bitsets import as_mask
+from harness.core.bitsets import as_mask
 from harness.errors import HarnessError
 from systems.base import BatchPlanner, System
 from systems.dali import Dali, DaliConfig
@@ -89,7 +89,7 @@ def entry_of(system: System) -> SystemEntry:
 
 # Options of a system's config that set how it is charged, with the original system's
 # behaviour as each config's default. overlap: its CPU experts run concurrently with the
-# GPU path (max) or after it (sum); harness/ledger.py charges either.
+# GPU path (max) or after it (sum); harness/core/ledger.py charges either.
 CHARGING_OPTIONS = ("overlap",)
 
 

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.bitsets import pack, popcount, unpack
+from harness.core.bitsets import pack, popcount, unpack
+from harness.core.ledger import LayerOutcomes
 from harness.errors import HarnessError
-from harness.ledger import LayerOutcomes
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide_tau import TauSolution, solve_tau
 

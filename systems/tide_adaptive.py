@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.core.ordered_sums import torch_sum
 from harness.errors import HarnessError
-from harness.ordered_sums import torch_sum
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide import MIGRATIONS, refresh_plan, top_b
 

@@ -44,8 +44,8 @@ import torch
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
-    from harness.cost import CostModel
-    from harness.trace import RoutingTrace
+    from harness.core.cost import CostModel
+    from harness.traces.trace import RoutingTrace
 
 
 def top_b_mask(load: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -16,17 +16,17 @@ import pytest
 import torch
 
 import harness.model.experts as experts_module
-from harness.cost import CostModel, HardwareConfig
-from harness.decode_batch import decode_with_engine
-from harness.decoding import DecodeSettings
-from harness.engine import OffloadEngine
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.engine import OffloadEngine
+from harness.decode.decode_batch import decode_with_engine
+from harness.decode.decoding import DecodeSettings
+from harness.decode.loading import LoadedModel
 from harness.hybrid.executor import HybridExecutor, wrap
 from harness.hybrid.placement import attach
 from harness.hybrid.runtime import Op, StandInRuntime
-from harness.loading import LoadedModel
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.proxy import proxy_config
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.base import LayerPlan
 from systems.registry import make_system
 

@@ -1,4 +1,4 @@
-"""Cached artifacts (harness/artifacts.py) are keyed by everything that decides their
+"""Cached artifacts (harness/traces/artifacts.py) are keyed by everything that decides their
 contents: a reference from older model code, another torch, or a checkpoint replaced at
 the same path is never reused (it would fail every lossless check of the new code)."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import harness.artifacts as artifacts
-from harness.artifacts import artifact_key, code_fingerprint, model_identity, reference_tokens
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.decoding import DecodeSettings
-from harness.lossless import store_reference
+import harness.traces.artifacts as artifacts
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.decode.decoding import DecodeSettings
+from harness.decode.lossless import store_reference
+from harness.traces.artifacts import artifact_key, code_fingerprint, model_identity, reference_tokens
 from tests.harness_cli import TINY
 
 register_configs()
@@ -40,7 +40,7 @@ def test_a_reference_from_other_model_code_is_not_reused(tmp_path: Path, monkeyp
 
 
 def test_every_numerics_source_exists() -> None:
-    root = Path(artifacts.__file__).resolve().parent
+    root = Path(artifacts.__file__).resolve().parent.parent
     assert all((root / rel).is_file() for rel in artifacts.NUMERICS_SOURCES)
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli_check import compose_checked, precheck
-from harness.config import register_configs
+from harness.cli.cli_check import compose_checked, precheck
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
 from harness.errors import HarnessError
-from harness.run import run_job
 from tests import bad_input_cases as cases
 from tests.harness_cli import run_module
 
@@ -209,7 +209,7 @@ def test_bad_tool_arguments(name, tmp_path):
 @pytest.mark.parametrize("uri", ["", " sqlite:///x.db", "foo://x", "file:///tmp/mlruns", "sqlite:///",
                                  "https://", "postgresql://"])
 def test_bad_uri(uri):
-    from harness.uris import check_tracking_uri
+    from harness.tracking.uris import check_tracking_uri
 
     with pytest.raises(HarnessError) as info:
         check_tracking_uri(uri, "tracking.uri")

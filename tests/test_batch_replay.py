@@ -1,4 +1,4 @@
-"""The batch replay (harness/batch_replay.py: a system's batch planner, charged by the
+"""The batch replay (harness/traces/batch_replay.py: a system's batch planner, charged by the
 ledger) gives the engine's layer-by-layer summary, system report and residency (ints
 equal, floats to 1e-9 relative, and in fact bit for bit with this torch): each batch
 planner decides what its system's `plan` decides. The engine replays whatever does not
@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 import torch
 
-from harness.artifacts import record_trace
-from harness.batch_replay import batch_refusal, replay_trace, summary_differences
 from harness.bench import synthetic_trace
-from harness.bitsets import pack, popcount, unpack
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.cost import CostModel, HardwareConfig, expert_shape
-from harness.engine import OffloadEngine
-from harness.loading import load_model
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
+from harness.core.bitsets import pack, popcount, unpack
+from harness.core.cost import CostModel, HardwareConfig, expert_shape
+from harness.core.engine import OffloadEngine
+from harness.decode.loading import load_model
 from harness.model import nominal_geometry
-from harness.run import run_job
-from harness.trace import RoutingTrace
+from harness.traces.artifacts import record_trace
+from harness.traces.batch_replay import batch_refusal, replay_trace, summary_differences
+from harness.traces.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide import Tide, refresh_bits, refreshed, top_b
 from systems.tide_tau import refresh_residency, top_b_mask

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.budget import BudgetConfig, resolve_budget
-from harness.cli_check import compose_checked
-from harness.config import register_configs
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.core.budget import BudgetConfig, resolve_budget
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from harness.budget import BudgetConfig, resolve_budget
-from harness.cost import CostModel, HardwareConfig
-from harness.decoding import StepInfo
-from harness.engine import OffloadEngine, PlanError
+from harness.core.budget import BudgetConfig, resolve_budget
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.engine import OffloadEngine, PlanError
+from harness.decode.decoding import StepInfo
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.base import LayerPlan, System
 from systems.registry import make_system
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.budget import BudgetConfig
-from harness.cli_check import compose_checked, compose_raw, override_variants, precheck
-from harness.config import HarnessConfig, ModelConfig, WorkloadConfig, register_configs
-from harness.cost import HardwareConfig
-from harness.decoding import DecodeSettings
+from harness.cli.cli_check import compose_checked, compose_raw, override_variants, precheck
+from harness.cli.config import HarnessConfig, ModelConfig, WorkloadConfig, register_configs
+from harness.core.budget import BudgetConfig
+from harness.core.cost import HardwareConfig
+from harness.core.topology import TopologyConfig
+from harness.decode.decoding import DecodeSettings
 from harness.errors import HarnessError
-from harness.topology import TopologyConfig
-from harness.tracking import TrackingConfig
+from harness.tracking.tracking import TrackingConfig
 from systems.registry import SYSTEM_CONFIGS
 
 register_configs()

@@ -11,15 +11,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import harness.profiling as profiling
-from harness.cost import (
+import harness.core.profiling as profiling
+from harness.core.cost import (
     CostModel,
     HardwareConfig,
     expert_shape,
 )
+from harness.core.profiling import load_hardware
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.profiling import load_hardware
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
 MINI = LLaDA2Config.published("llada2_mini")

@@ -13,11 +13,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.cost import CostModel, HardwareConfig, expert_shape
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
+from harness.core.cost import CostModel, HardwareConfig, expert_shape
 from harness.errors import HarnessError
-from harness.run import run_job
 from systems.dali import finish_time, greedy_assignment, greedy_pass, side_costs
 from systems.registry import make_system
 from tests.test_systems import drive, engine, geometry, loads, random_trace, step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.decoding import DecodeSettings, decode, select_positions, transfer_schedule
+from harness.decode.decoding import DecodeSettings, decode, select_positions, transfer_schedule
 from harness.model.llada2 import KVCache
 
 MASK, EOS, VOCAB = 99, 98, 100

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from harness.cost import CostModel, HardwareConfig
-from harness.engine import OffloadEngine, PlanError
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.engine import OffloadEngine, PlanError
 from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, LocalExperts, compute_routed_experts
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.base import LayerPlan, StepInfo, System
 from systems.registry import make_system
 

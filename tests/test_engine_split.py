@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.engine import OffloadEngine, PendingLayer, PlanError
-from harness.trace import RoutingTrace
+from harness.core.engine import OffloadEngine, PendingLayer, PlanError
+from harness.traces.trace import RoutingTrace
 from systems.base import LayerPlan, StepInfo, System
 from systems.registry import make_system
 from tests.test_engine import COST, GEOMETRY, LOAD, SYSTEM_OPTIONS, E, engine_for, mask

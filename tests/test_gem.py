@@ -13,14 +13,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.cost import CostModel, HardwareConfig
-from harness.engine import OffloadEngine, PlanError
-from harness.errors import HarnessError
-from harness.model.config import LLaDA2Config
-from harness.run import run_job
-from harness.topology import (
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.engine import OffloadEngine, PlanError
+from harness.core.topology import (
     VARIABILITY_SPREAD,
     Topology,
     TopologyConfig,
@@ -28,7 +26,9 @@ from harness.topology import (
     check_system_topology,
     gpu_speeds,
 )
-from harness.trace import RoutingTrace
+from harness.errors import HarnessError
+from harness.model.config import LLaDA2Config
+from harness.traces.trace import RoutingTrace
 from systems.base import LayerPlan, StepInfo, System
 from systems.ep_linear import linear_mapping
 from systems.gem import improve_by_swaps

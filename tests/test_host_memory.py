@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.cost import CostModel, HardwareConfig
-from harness.decoding import StepInfo
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.ledger import LayerOutcomes, Ledger
+from harness.decode.decoding import StepInfo
 from harness.errors import HarnessError
-from harness.ledger import LayerOutcomes, Ledger
 from harness.model.config import LLaDA2Config
 
 GEO = LLaDA2Config(num_hidden_layers=2, num_experts=8, n_group=1, topk_group=1, num_experts_per_tok=4)

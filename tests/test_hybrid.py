@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 import torch
 
+import harness.cli.run
 import harness.model.experts as experts_module
-import harness.run
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.cost import CostModel, HardwareConfig
-from harness.decode_batch import decode_prompts, decode_with_engine
-from harness.engine import OffloadEngine
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.engine import OffloadEngine
+from harness.core.profiling import fit_gpu_roofline
+from harness.decode.decode_batch import decode_prompts, decode_with_engine
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend, resolve_backend
 from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
@@ -32,10 +34,8 @@ from harness.hybrid.pool import SlotPool
 from harness.hybrid.runtime import Op, StandInRuntime
 from harness.model.config import LLaDA2Config
 from harness.model.proxy import proxy_config
-from harness.profiling import fit_gpu_roofline
-from harness.result import RunIdentity, RunResult
-from harness.run import run_job
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
+from harness.tracking.result import RunIdentity, RunResult
 from systems.registry import make_system
 from tests.harness_cli import REPO, TINY, run_module
 from tests.hybrid_recording import (
@@ -148,7 +148,7 @@ def test_a_full_pool_refuses_another_expert() -> None:
 
 
 def test_expert_parallel_runs_are_refused_on_the_device(tiny_dir) -> None:
-    from harness.topology import Topology
+    from harness.core.topology import Topology
 
     loaded = load_tiny(tiny_dir)
     placement = attach(loaded.model, StandInRuntime())
@@ -287,8 +287,8 @@ def test_a_device_run_goes_through_the_executor_with_a_per_backend_reference(tmp
     assert m["tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["measured_time_s"])
     assert m["modeled_tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["modeled_time_s"])
     assert all("measured_s" in s for s in result["step_series"])
-    prompts = harness.run.load_prompts(cfg.workload, cfg.limit_prompts)
-    cpu_key = harness.run.reference_tokens(cfg, cfg.decode, prompts)[0]
+    prompts = harness.cli.run.load_prompts(cfg.workload, cfg.limit_prompts)
+    cpu_key = harness.cli.run.reference_tokens(cfg, cfg.decode, prompts)[0]
     assert len(list((cache / "reference").iterdir())) == 1  # the stand-in's own, not the cpu backend's
     assert cpu_key not in {p.stem for p in (cache / "reference").iterdir()}
     assert closed == ["gpu_only", "gpu_only", "fiddler"]  # calibration, reference, the run: all on the device
@@ -354,7 +354,7 @@ def test_cuda_run_records_measured_timing_and_peak_memory(tmp_path) -> None:
 @cuda
 @pytest.mark.cuda
 def test_cuda_local_profile_measures_the_gpu(tmp_path) -> None:
-    from harness.profiling import profile_local
+    from harness.core.profiling import profile_local
 
     g = proxy_config("tiny")
     entry = profile_local(g, tmp_path / "local.json", reps=1)["shapes"][f"{g.hidden_size}x{g.moe_intermediate_size}"]

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cost import CostModel, HardwareConfig
-from harness.decode_batch import decode_prompts, decode_with_engine
-from harness.engine import OffloadEngine
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.engine import OffloadEngine
+from harness.decode.decode_batch import decode_prompts, decode_with_engine
 from harness.errors import HarnessError
 from harness.hybrid.executor import HybridExecutor
 from harness.hybrid.placement import PIN_FRACTION, attach, experts_nbytes
 from harness.hybrid.runtime import StandInRuntime
 from harness.hybrid.wiring import RESERVE_MIN_BYTES, all_gpu_engine, fitting_slots, slot_bytes
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.registry import make_system
 from tests.hybrid_recording import PROMPTS, SETTINGS, load_tiny
 

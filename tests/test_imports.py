@@ -118,9 +118,9 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 def test_the_walk_sees_the_project_and_its_type_checking_imports():
     mods = project_modules()
-    assert {"harness.engine", "harness.config", "harness.hybrid.executor", "systems.tide"} <= set(mods)
+    assert {"harness.core.engine", "harness.cli.config", "harness.hybrid.executor", "systems.tide"} <= set(mods)
     graph = import_graph(mods)
-    assert "harness.config" in graph["harness.tracking"]  # an import under TYPE_CHECKING counts
+    assert "harness.cli.config" in graph["harness.tracking.tracking"]  # an import under TYPE_CHECKING counts
     assert "systems.base" in graph["systems.tide"]
 
 
@@ -147,10 +147,10 @@ def test_late_import_finder_allows_only_heavy_optional_packages():
     source = (
         "import os\n"
         "def f():\n    import matplotlib.pyplot as plt\n    from mlflow import MlflowClient\n"
-        "def g():\n    import json\n    def inner():\n        from harness.run import run_job\n"
+        "def g():\n    import json\n    def inner():\n        from harness.cli.run import run_job\n"
         "class C:\n    def m(self):\n        from . import x\n"
     )
-    assert late_imports(source) == ["6: import json", "8: from harness.run import run_job", "11: from . import x"]
+    assert late_imports(source) == ["6: import json", "8: from harness.cli.run import run_job", "11: from . import x"]
 
 
 def test_no_project_import_inside_a_function():

@@ -1,4 +1,4 @@
-"""The ledger (harness/ledger.py): its sums are torch's sums in the engine's order, its
+"""The ledger (harness/core/ledger.py): its sums are torch's sums in the engine's order, its
 timeline is the scalar layer-by-layer clock op for op, and how forwards are batched never
 changes a bit."""
 
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from harness.cost import CostModel, HardwareConfig, expert_shape
-from harness.decoding import StepInfo
-from harness.ledger import ExpertSeconds, LayerOutcomes, Ledger, forward_times
+from harness.core.cost import CostModel, HardwareConfig, expert_shape
+from harness.core.ledger import ExpertSeconds, LayerOutcomes, Ledger, forward_times
+from harness.core.ordered_sums import constant_row_sums, row_sums, running_sum, torch_sum
+from harness.decode.decoding import StepInfo
 from harness.model.config import LLaDA2Config
-from harness.ordered_sums import constant_row_sums, row_sums, running_sum, torch_sum
 
 MINI = LLaDA2Config.published("llada2_mini")
 TINY = LLaDA2Config(hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3)

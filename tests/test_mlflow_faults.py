@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import tracking
-from harness.cli_check import precheck
-from harness.config import register_configs
+from harness.cli.cli_check import precheck
+from harness.cli.config import register_configs
 from harness.errors import HarnessError
-from harness.mlflow_store import TrackingUnavailable, open_store
 from harness.results import write_json_atomic
-from harness.tracking import TrackingConfig
+from harness.tracking import tracking
+from harness.tracking.mlflow_store import TrackingUnavailable, open_store
+from harness.tracking.tracking import TrackingConfig
 from tests.harness_cli import TINY, empty_store, harness_env, run_module, runs_of, sqlite_uri
 from tests.test_tracking import hand_made_result, typed
 
@@ -91,7 +91,7 @@ def test_resume_logs_a_reused_result_missing_from_the_store(proxy_cache: Path, t
 
 
 def _open_and_log(uri: str, barrier) -> str:
-    from harness.mlflow_store import ensure_experiment
+    from harness.tracking.mlflow_store import ensure_experiment
 
     barrier.wait()
     try:
@@ -202,7 +202,7 @@ def test_telemetry_is_off_by_default(tmp_path: Path) -> None:
     env = {k: v for k, v in harness_env(tmp_path).items()
            if k not in ("PYTEST_CURRENT_TEST", "CI", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "XDG_CONFIG_HOME")}
     env["HOME"] = str(tmp_path / "home")
-    code = ("import os; from harness.mlflow_store import open_store; "
+    code = ("import os; from harness.tracking.mlflow_store import open_store; "
             f"open_store('sqlite:///{tmp_path}/m.db').search_experiments(); "
             "print(os.environ['MLFLOW_DISABLE_TELEMETRY'])")
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, env=env,

@@ -7,8 +7,8 @@ import shlex
 from datetime import datetime
 from pathlib import Path
 
-from harness import mlflow_ui
-from harness.workload import prompts_digest, workload_record
+from harness.decode.workload import prompts_digest, workload_record
+from harness.tracking import mlflow_ui
 
 STARTED = datetime(2026, 11, 30, 18, 33, 7)
 

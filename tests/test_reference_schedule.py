@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.decoding import DecodeSettings, decode, steps_per_block
+from harness.decode.decoding import DecodeSettings, decode, steps_per_block
 from harness.model.llada2 import KVCache
 from tests.test_decoding import EOS, MASK, ScriptedModel, settings
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli_check import compose_checked
-from harness.config import register_configs
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
 from harness.errors import HarnessError
-from harness.run import run_job
 
 register_configs()
 

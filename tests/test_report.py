@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import records, report, tracking
-from harness.result import RunResult
+from harness.report import report
 from harness.results import write_json_atomic
+from harness.tracking import records, tracking
+from harness.tracking.result import RunResult
 from tests.harness_cli import empty_store, sqlite_uri
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -125,7 +126,7 @@ def test_miss_rate_by_step_in_block_averages_over_blocks() -> None:
     series = [{"kind": "prefill", "step": 0, "miss_rate": 1.0},
               {"kind": "denoise", "step": 0, "miss_rate": 0.2}, {"kind": "denoise", "step": 1, "miss_rate": 0.4},
               {"kind": "denoise", "step": 0, "miss_rate": 0.4}, {"kind": "commit", "step": 0, "miss_rate": 1.0}]
-    from harness.plots import miss_by_step_in_block
+    from harness.report.plots import miss_by_step_in_block
 
     assert miss_by_step_in_block(series) == pytest.approx({0: 0.3, 1: 0.4})
 

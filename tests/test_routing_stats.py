@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from harness.analyze import main as analyze_main
-from harness.decoding import StepInfo
+from harness.decode.decoding import StepInfo
 from harness.errors import HarnessError
-from harness.report import routing_markdown
+from harness.report.report import routing_markdown
 from harness.routing_stats import (
     main,
     routing_metrics,
@@ -19,7 +19,7 @@ from harness.routing_stats import (
     statistics_with_uniform,
     uniform_like,
 )
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 
 E, L, K = 256, 2, 8
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import sweep_run, tracking
-from harness.result import RunResult
-from harness.sweep_run import ENDED_TAG, RESUMES_TAG
-from harness.tracking import TrackingConfig
+from harness.tracking import sweep_run, tracking
+from harness.tracking.result import RunResult
+from harness.tracking.sweep_run import ENDED_TAG, RESUMES_TAG
+from harness.tracking.tracking import TrackingConfig
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, runs_of, sqlite_uri
 from tests.test_tracking import hand_made_result, write_run
 

@@ -170,7 +170,7 @@ def _compose_hydra(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.config import register_configs
+    from harness.cli.config import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -186,7 +186,7 @@ def test_slurm_launcher_config_composes_with_command_line_overrides() -> None:
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.partition, launcher.timeout_min, launcher.gpus_per_node) == ("a100", 90, 1)
-    assert cfg.hydra.callbacks.sweep._target_ == "harness.callbacks.SweepCallback"
+    assert cfg.hydra.callbacks.sweep._target_ == "harness.cli.callbacks.SweepCallback"
 
 
 def test_local_parallel_launcher_is_joblib_with_two_jobs() -> None:

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import systems.oracle as oracle
-from harness.cost import CostModel, HardwareConfig, expert_shape
-from harness.engine import OffloadEngine
+from harness.core.cost import CostModel, HardwareConfig, expert_shape
+from harness.core.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.base import StepInfo
 from systems.fiddler import Fiddler
 from systems.oracle import best_gpu_set

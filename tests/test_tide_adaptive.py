@@ -13,14 +13,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli_check import compose_checked
-from harness.config import register_configs
-from harness.cost import CostModel, HardwareConfig
-from harness.engine import OffloadEngine
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.cli.run import run_job
+from harness.core.cost import CostModel, HardwareConfig
+from harness.core.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.run import run_job
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.base import StepInfo
 from systems.registry import make_system
 from systems.tide_adaptive import layer_regret

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from harness.analyze import main as analyze_main
-from harness.decoding import StepInfo
+from harness.decode.decoding import StepInfo
 from harness.errors import HarnessError
-from harness.stability import stability_table
-from harness.trace import RoutingTrace
+from harness.traces.stability import stability_table
+from harness.traces.trace import RoutingTrace
 
 
 def make_trace(loads: torch.Tensor, steps_per_block: int, hints: bool = False) -> RoutingTrace:

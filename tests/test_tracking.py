@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import mlflow_ui, tracking
-from harness.artifacts import code_version
-from harness.result import PARAM_MAX_CHARS, RunResult
+from harness.decode.workload import prompts_digest, workload_record
 from harness.results import write_json_atomic
-from harness.resume import config_hash, index_result, prior_result
-from harness.run_files import RUN_MARKER
-from harness.tracking import TrackingConfig
-from harness.workload import prompts_digest, workload_record
+from harness.traces.artifacts import code_version
+from harness.tracking import mlflow_ui, tracking
+from harness.tracking.result import PARAM_MAX_CHARS, RunResult
+from harness.tracking.resume import config_hash, index_result, prior_result
+from harness.tracking.run_files import RUN_MARKER
+from harness.tracking.tracking import TrackingConfig
 from tests.harness_cli import TINY, empty_store, run_module, runs_of, sqlite_uri
 
 
@@ -127,7 +127,7 @@ def test_an_older_result_gets_its_workload_from_its_config() -> None:
 def test_parent_run_is_named_for_its_sweep_and_describes_it(tmp_path: Path, store: Path) -> None:
     from mlflow import MlflowClient
 
-    from harness import sweep_run
+    from harness.tracking import sweep_run
 
     settings = tracking.TrackingConfig(uri=sqlite_uri(store))
     sweep_dir = tmp_path / "sweep"

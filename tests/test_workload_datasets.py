@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from harness.cli_check import compose_checked
-from harness.config import register_configs
+from harness.cli.cli_check import compose_checked
+from harness.cli.config import register_configs
+from harness.decode.workload import encode_prompt, load_prompts
 from harness.errors import HarnessError
-from harness.workload import encode_prompt, load_prompts
 
 register_configs()
 

@@ -1,7 +1,7 @@
 """`backend=auto|cpu|cuda|standin`: where a live run executes its numerics.
 
 cpu is the single-device emulation (every expert computed in place, timing modeled by
-harness/cost.py); cuda is the real hybrid execution of harness/hybrid/executor.py (timing
+harness/core/cost.py); cuda is the real hybrid execution of harness/hybrid/executor.py (timing
 measured, the modeled time computed beside it); auto picks cuda when torch sees a GPU.
 standin runs the cuda path's executor with the CPU playing the device
 (harness/hybrid/runtime.py's StandInRuntime): slot pools, copies, waits and the CPU worker

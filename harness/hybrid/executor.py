@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from harness.engine import OffloadEngine
+from harness.core.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.hybrid.placement import DevicePlacement, HostExperts, placement_of
 from harness.hybrid.pool import SlotPool, fetch_scratch
@@ -58,7 +58,7 @@ from harness.model.experts import (
     weighted_expert_outputs,
 )
 from harness.model.llada2 import LLaDA2Model
-from harness.result import RunResult
+from harness.tracking.result import RunResult
 from systems.base import LayerPlan, StepInfo
 
 Scratch = dict[int, tuple[ExpertWeights, Event]]

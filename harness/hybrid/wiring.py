@@ -1,4 +1,4 @@
-"""What a live run (harness/run.py) needs from the hybrid backend, in one place.
+"""What a live run (harness/cli/run.py) needs from the hybrid backend, in one place.
 
 The all-GPU engine: the reference tokens and the recorded routing (calibration, workload)
 come from a decode that computes every routed expert with the GPU kernels. With every
@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.cost import CostModel
-from harness.engine import OffloadEngine
+from harness.core.cost import CostModel
+from harness.core.engine import OffloadEngine
+from harness.decode.loading import LoadedModel, load_model
 from harness.errors import HarnessError
 from harness.hybrid.placement import attach, placement_of
 from harness.hybrid.runtime import CudaRuntime, StandInRuntime
-from harness.loading import LoadedModel, load_model
 from harness.model.config import LLaDA2Config
 from harness.results import fingerprint
-from harness.trace import RoutingTrace
+from harness.traces.trace import RoutingTrace
 from systems.registry import make_system
 
 if TYPE_CHECKING:
-    from harness.config import HarnessConfig
+    from harness.cli.config import HarnessConfig
 
 RESERVE_FRACTION = 0.1  # of the device's memory, kept for activations, the KV cache, allocator slack
 RESERVE_MIN_BYTES = 2 * 2**30

@@ -1,4 +1,4 @@
-"""LLaDA2-MoE: the model, checkpoint loading and proxy checkpoints (harness/loading.py
+"""LLaDA2-MoE: the model, checkpoint loading and proxy checkpoints (harness/decode/loading.py
 loads a configured model, building its proxy on first use)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from harness.model.llada2 import KVCache, LLaDA2Model
 from harness.model.proxy import proxy_config
 
 if TYPE_CHECKING:
-    from harness.config_parts import ModelConfig
+    from harness.cli.config_parts import ModelConfig
 
 __all__ = ["KVCache", "LLaDA2Config", "LLaDA2Model", "nominal_geometry"]
 

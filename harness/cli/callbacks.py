@@ -1,0 +1,179 @@
+"""Hydra callback for sweeps (registered in conf/config.yaml under hydra.callbacks).
+
+  on_multirun_start  (launching process) for submitit launchers, pin the cache dir and
+                     tracking URI for the jobs (harness/tracking/cluster.py); create the sweep's parent MLflow run (or,
+                     with resume=true, reuse the unfinished one of this sweep dir) and record
+                     its id in <sweep dir>/mlflow_parent.json, where every job, in
+                     whatever process or node runs it, finds it (harness.tracking.tracking); from
+                     here on a guard ends the parent KILLED or FAILED if the process exits
+                     early (SIGTERM, Ctrl-C, an exception)
+  on_job_end         (the job's process) one compact line per finished job
+  on_multirun_end    (launching process) the sweep's summary table: printed, written to
+                     the sweep dir (CSV, markdown, throughput plot) and logged to the
+                     parent run (artifacts, and with the command in its description),
+                     which is then closed FINISHED and the guard released; then the link
+                     that opens the runs table in the MLflow UI
+
+Hydra turns an exception in a callback into a warning; these methods also catch their
+own store failures so that a sweep never stops because MLflow is unreachable.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from harness.report.plots import throughput_by_budget
+from harness.report.report import sweep_markdown, sweep_records, sweep_table
+from harness.results import read_json
+from harness.tracking import cluster, mlflow_ui, sweep_run, tracking
+from harness.tracking.records import SWEEP_FILES, compact_line, record_from_result
+from harness.tracking.result import RunResult
+from harness.tracking.resume import RESUMED_FILE
+from harness.tracking.run_files import PARENT_MARKER
+
+SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
+
+
+FAILED_JOBS = 0  # set by the last sweep in this process; `python -m harness` then exits 2
+
+
+def swept_models(config: DictConfig) -> set[str]:
+    """The model names a sweep will run (a `model=a,b` override lists several)."""
+    overrides = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    for ov in OverridesParser.create().parse_overrides(list(overrides)):
+        if ov.get_key_element() in ("model", "+model") and ov.is_sweep_override():
+            return {str(v) for v in ov.sweep_string_iterator()}
+    return {str(config.model.name)}
+
+
+def sweep_dir(config: DictConfig) -> Path:
+    return Path(str(config.hydra.sweep.dir))
+
+
+def tracking_of(config: DictConfig) -> tracking.TrackingConfig:
+    """The typed `tracking` part of the sweep's config."""
+    return OmegaConf.to_object(config.tracking)
+
+
+def sweeper_params(config: DictConfig) -> dict[str, Any]:
+    """The grid an experiment config gives the sweeper (hydra.sweeper.params), if any."""
+    params = config.hydra.sweeper.get("params")
+    return dict(OmegaConf.to_container(params, resolve=False)) if params else {}
+
+
+def experiment_of(directory: Path, uri: str) -> str:
+    marker = tracking.find_marker(directory / PARENT_MARKER, uri)
+    return str(marker["experiment_id"]) if marker else "?"
+
+
+class SweepCallback(Callback):
+    def __init__(self) -> None:
+        self.parent_run_id: str | None = None  # created (or reused) by this process
+        self.command = ""  # the sweep's command line, for the parent run's description
+        self.reused = False
+        self.guard: sweep_run.ParentRunGuard | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # launchers pickle callbacks for their workers
+        return {**self.__dict__, "guard": None}  # the guard belongs to the launching process
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        directory = sweep_dir(config)
+        directory.mkdir(parents=True, exist_ok=True)
+        settings = tracking_of(config)
+        cluster.prepare_sweep(config, settings.enabled, settings.uri)  # before the launcher submits anything
+        if not settings.enabled:
+            return
+        overrides = [str(o) for o in config.hydra.overrides.task]
+        self.command = mlflow_ui.sweep_command(overrides, [str(o) for o in config.hydra.overrides.hydra])
+        try:
+            name = mlflow_ui.parent_run_name(mlflow_ui.swept_overrides(overrides, sweeper_params(config)),
+                                             datetime.now())
+            run_id, self.reused = sweep_run.open_parent_run(settings, directory, swept_models(config), overrides,
+                                                           resume=bool(config.resume), name=name,
+                                                           description=mlflow_ui.parent_description(self.command))
+        except Exception as exc:
+            tracking.warn_failure(settings.uri, "parent run", exc)
+            return
+        self.parent_run_id = run_id
+        self.guard = sweep_run.ParentRunGuard(settings, run_id)
+        again = " (resumed)" if self.reused else ""
+        print(f"sweep {directory}: MLflow parent run {run_id}{again} ({tracking.normalize_uri(settings.uri)})")
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return  # a single run already printed its summary
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        label = f"#{config.hydra.job.num}"
+        if (run_dir / "failed.json").is_file():  # a HarnessError, already printed as one line
+            print(f"[failed] {label}: {read_json(run_dir / 'failed.json')['error']}", flush=True)
+        elif job_return.status == JobStatus.FAILED:
+            reason = " ".join(str(job_return._return_value).split())[:200]
+            print(f"[failed] {label}: {type(job_return._return_value).__name__}: {reason}", flush=True)
+        elif (run_dir / "result.json").is_file() and not skipped_by_resume(run_dir):
+            record = record_from_result(RunResult.from_json(run_dir / "result.json"), str(run_dir))
+            print(compact_line(record, label), flush=True)
+        # a job skipped by resume printed its own line
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        directory = sweep_dir(config)
+        records = sweep_records(directory)
+        global FAILED_JOBS
+        FAILED_JOBS = sum(r["status"] == "failed" for r in records)
+        files = write_sweep_summary(directory, records) if records else []
+        if records:
+            print(f"sweep summary ({directory}):")
+            print((directory / SUMMARY_MD).read_text(), end="")
+        if self.parent_run_id is None:
+            return
+        settings = tracking_of(config)
+        table = (directory / SUMMARY_MD).read_text() if records else None
+        note = "Resumed (`resume=true`): the table covers every attempt in this sweep dir." if self.reused else None
+        try:
+            # results of an interrupted attempt whose logging was cut short; SLURM jobs on SQLite log nothing
+            if self.reused or cluster.launcher_logs_for_jobs(config.hydra, settings.uri):
+                tracking.push([directory], settings)
+            sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records),
+                                        mlflow_ui.parent_description(self.command, table, note),
+                                        sweep_run.workloads_in(directory))
+            print(mlflow_ui.ui_hint(tracking.normalize_uri(settings.uri), experiment_of(directory, settings.uri)))
+        except Exception as exc:
+            tracking.warn_failure(settings.uri, "sweep summary", exc)
+        # not in a `finally`: a signal during the above leaves the guard to end the run KILLED
+        if self.guard is not None:
+            self.guard.release()
+        self.parent_run_id, self.guard = None, None
+
+
+def skipped_by_resume(run_dir: Path) -> bool:
+    """resume=true skipped this job just now: its resumed.json is newer than the result.json that
+    an earlier attempt of the same sweep dir left there (a job that ran writes result.json last)."""
+
+    try:
+        return (run_dir / RESUMED_FILE).stat().st_mtime_ns >= (run_dir / "result.json").stat().st_mtime_ns
+    except OSError:
+        return False
+
+
+def write_sweep_summary(directory: Path, records: list[dict[str, Any]]) -> list[Path]:
+    table = sweep_table(records)
+    table.to_csv(directory / SUMMARY_CSV, index=False)
+    (directory / SUMMARY_MD).write_text(sweep_markdown(table))
+    done = [r for r in records if r["status"] != "failed"]
+    plot = throughput_by_budget(done, directory / THROUGHPUT_PNG) if done else None
+    return [directory / SUMMARY_CSV, directory / SUMMARY_MD] + ([plot] if plot else [])
+
+
+def sweep_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+    count = {s: float(sum(r["status"] == s for r in records)) for s in ("ok", "skipped", "failed")}
+    best = max((r["tokens_per_s"] for r in records if not math.isnan(r["tokens_per_s"])), default=math.nan)
+    return {"jobs": float(len(records)), "jobs_ok": count["ok"], "jobs_skipped": count["skipped"],
+            "jobs_failed": count["failed"], **({"best_tokens_per_s": best} if not math.isnan(best) else {})}

@@ -1,0 +1,259 @@
+"""The rules a system's answers must keep; `OffloadEngine` checks every plan with them.
+
+Rules a plan must keep (a violation raises `PlanError` naming system, layer and rule):
+every routed expert (load > 0) is computed exactly once, on the GPU or on the CPU, and
+nothing unrouted is computed; an expert computed on the GPU is resident or fetched sync
+by this plan; an evicted expert is resident and not computed on the GPU in this plan; a
+fetched expert is not already resident; scratch copies are sync fetches used once on the
+GPU and never cached; capacity: resident - evicted + cached sync fetches + async fetches
+<= B (scratch copies do not count). A plan may also fetch asynchronously into
+layer l+1's cache (evicting from it), under the same capacity rule for layer l+1.
+
+With topology=multi (expert parallelism, harness/core/topology.py) every expert is resident
+on one of several GPUs: a plan also names each expert's GPU (`plan.device`), computes
+nothing on the CPU and moves nothing.
+
+A system's initial residency holds, per MoE layer, at most B valid expert ids.
+
+Checking moves nothing: `PlanRules.check` reads the residency the engine hands it (bool
+masks [layers, E] and the count per layer) and returns what the engine needs to apply and
+charge the plan. It runs once per layer of every forward (between the router and the
+experts of a live run), so every rule is an array operation on the masks and on the id
+lists turned into arrays once; a plan that moves nothing skips the rules on moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from harness.core.topology import Topology
+from systems.base import LayerPlan
+
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+_BOOL = np.dtype(bool)
+_NONE = np.zeros(0, np.int64)
+
+
+class Moves(NamedTuple):
+    """A checked plan's residency moves, as int64 id arrays (what `OffloadEngine` applies)."""
+
+    cached: np.ndarray  # sync fetches that stay resident (fetch_sync - scratch)
+    n_scratch: int
+    fetch_async: np.ndarray
+    evict: np.ndarray
+    prefetch: np.ndarray  # into layer + 1
+    prefetch_evict: np.ndarray  # from layer + 1
+
+
+NO_MOVES = Moves(_NONE, 0, _NONE, _NONE, _NONE, _NONE)
+
+# What `PlanRules.check` returns for a valid plan: (gpu, routed, missed, moves); see there.
+CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, Moves]
+
+
+class PlanError(AssertionError):
+    def __init__(self, system: str, layer: int, rule: str, detail: str) -> None:
+        super().__init__(f"system {system!r}, layer {layer}: plan breaks rule '{rule}': {detail}")
+        self.system, self.layer, self.rule = system, layer, rule
+
+
+def _ids(flags: np.ndarray) -> list[int]:
+    return np.flatnonzero(flags).tolist()
+
+
+def _some(mask: np.ndarray) -> bool:
+    return bool(np.count_nonzero(mask))
+
+
+class PlanRules:
+    """The rules for one engine's system: its name (for the errors), the model's expert
+    and MoE layer counts, the per-layer capacity B and the topology."""
+
+    def __init__(self, system: str, n_experts: int, n_layers: int, capacity: int, topology: Topology) -> None:
+        self.system = system
+        self.n_experts = n_experts
+        self.n_layers = n_layers
+        self.capacity = capacity
+        self.topology = topology
+        self._expert_ids = frozenset(range(n_experts))
+        self._shape = (n_experts,)
+        self._multi = topology.multi
+        self._no_mask = np.zeros(n_experts, bool)  # an empty list's mask (never written)
+
+    def _fail(self, layer: int, rule: str, detail: str) -> None:
+        raise PlanError(self.system, layer, rule, detail)
+
+    def check_initial(self, initial: Sequence[Any]) -> None:
+        """A system's `initial_residency`: one collection of expert ids per MoE layer,
+        each id valid, at most `capacity` per layer."""
+        if len(initial) != self.n_layers:
+            raise PlanError(self.system, -1, "initial-residency", f"{len(initial)} layers, expected {self.n_layers}")
+        for layer, experts in enumerate(initial):
+            bad = [e for e in experts if not 0 <= e < self.n_experts]
+            if bad or len(experts) > self.capacity:
+                raise PlanError(
+                    self.system,
+                    layer,
+                    "initial-residency",
+                    f"{len(experts)} experts (capacity {self.capacity}), bad ids {bad}",
+                )
+
+    def _id_array(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One of a plan's id lists as (int64 ids, bool [E] mask), each a valid expert id,
+        none repeated."""
+        ids = items if type(items) is np.ndarray else np.asarray(items)
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            if ids.size == 0:
+                return _NONE, self._no_mask
+            self._fail(layer, "bad-id", f"{name} holds {list(items)[:5]}: expert ids are ints")
+        ids = ids.astype(np.int64, copy=False)
+        # one comparison finds ids < 0 too: they wrap to huge unsigned values
+        if _some(ids.view(np.uint64) >= self.n_experts):
+            self._fail(layer, "bad-id", f"{name} holds {[e for e in ids.tolist() if not 0 <= e < self.n_experts][:5]}")
+        mask = np.zeros(self.n_experts, bool)
+        mask[ids] = True
+        if np.count_nonzero(mask) != len(ids):
+            self._fail(layer, "duplicate", f"{name} lists an expert twice")
+        return ids, mask
+
+    def check(self, layer: int, loads: np.ndarray, plan: LayerPlan, held_all: np.ndarray,
+              counts: list[int]) -> CheckedPlan:
+        """Every rule, in this order (the first broken one raises). `loads` is the layer's
+        int64 [E] load (token counts, never negative), `held_all` the engine's residency
+        before the plan (bool [layers, E]: this layer's row and, for a prefetch, the next
+        one's) and `counts` its experts per layer (both read, never changed).
+
+        Returns, for a valid plan: the experts computed on the GPU, the routed experts and
+        the routed experts not resident before the plan (bool [E] masks; every routed
+        expert not on the GPU computes on the CPU) and the plan's moves as id arrays."""
+        gpu, cpu = plan.gpu, plan.cpu
+        if not (type(gpu) is np.ndarray and type(cpu) is np.ndarray and gpu.dtype is _BOOL and cpu.dtype is _BOOL
+                and gpu.shape == self._shape and cpu.shape == self._shape and loads.shape == self._shape):
+            self._check_masks(layer, loads, plan)
+        routed = loads.astype(bool)  # counts: routed where nonzero
+        # gpu and cpu split the routed experts exactly when, per expert, they are set as
+        # many times (0 or 1) as it is routed (bool bytes are 0 or 1: compare the bytes)
+        if (gpu.view(np.uint8) + cpu.view(np.uint8)).tobytes() != routed.tobytes():
+            self._check_routing(layer, set(_ids(routed)), set(_ids(gpu)), set(_ids(cpu)))
+        held = held_all[layer]
+        missed = np.greater(routed, held)
+        moves = NO_MOVES
+        if len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.scratch) or len(plan.evict):
+            moves = self._check_moves(layer, plan, held, counts[layer], gpu)
+        elif _some(np.greater(gpu, held)):  # GPU experts not resident must be fetched sync
+            self._fail(layer, "gpu-not-resident",
+                       f"experts {_ids(np.greater(gpu, held))[:5]} neither resident nor fetched sync")
+        if len(plan.prefetch) or len(plan.prefetch_evict):
+            moves = self._check_prefetch(layer, plan, held_all, counts, moves)
+        if plan.evict_elsewhere:
+            self._check_elsewhere(layer, plan, held_all)
+        if self._multi:
+            self._check_devices(layer, plan, _some(cpu))
+        return gpu, routed, missed, moves
+
+    def _check_masks(self, layer: int, loads: np.ndarray, plan: LayerPlan) -> None:
+        """The shapes and types of the load and of plan.gpu / plan.cpu; called once one is off."""
+        E = self.n_experts
+        if not (isinstance(loads, np.ndarray) and loads.shape == self._shape and loads.dtype == np.int64):
+            raise ValueError(f"layer {layer}: the load must be an int64 numpy array [{E}]")
+        for name in ("gpu", "cpu"):
+            mask = getattr(plan, name)
+            if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == self._shape):
+                hint = " (a torch tensor: pass mask.numpy())" if isinstance(mask, torch.Tensor) else ""
+                self._fail(layer, "shape", f"plan.{name} must be a numpy bool array [{E}]{hint}")
+
+    def _check_moves(self, layer: int, plan: LayerPlan, held: np.ndarray, count: int, gpu: np.ndarray) -> Moves:
+        """The rules on this layer's fetches and evictions (a plan that moves something),
+        each a mask operation."""
+        sync, in_sync = self._id_array(layer, "fetch_sync", plan.fetch_sync)
+        asyn, in_async = self._id_array(layer, "fetch_async", plan.fetch_async)
+        scratch, in_scratch = self._id_array(layer, "scratch", plan.scratch)
+        evict, in_evict = self._id_array(layer, "evict", plan.evict)
+        if len(evict) and _some(np.greater(in_evict, held)):
+            self._fail(layer, "evict-not-resident", f"experts {_ids(np.greater(in_evict, held))[:5]}")
+        if len(asyn):
+            if _some((in_sync | in_async) & held) or _some(in_sync & in_async):
+                twice = _ids((in_sync | in_async) & held | in_sync & in_async)
+                self._fail(layer, "fetch-resident", f"experts {twice[:5]} are already resident or fetched twice")
+        elif len(sync) and _some(in_sync & held):
+            self._fail(layer, "fetch-resident", f"experts {_ids(in_sync & held)[:5]} are already resident")
+        if len(scratch) and _some(np.greater(in_scratch, in_sync)):
+            self._fail(layer, "scratch-not-sync",
+                       f"scratch experts {_ids(np.greater(in_scratch, in_sync))[:5]} not in fetch_sync")
+        if len(scratch) and _some(np.greater(in_scratch, gpu)):
+            self._fail(layer, "scratch-not-gpu",
+                       f"scratch experts {_ids(np.greater(in_scratch, gpu))[:5]} not computed on GPU")
+        if len(evict) and _some(in_evict & gpu):
+            self._fail(layer, "evicted-computed-on-gpu", f"experts {_ids(in_evict & gpu)[:5]}")
+        # GPU experts not resident now must each be fetched sync (they are this layer's GPU misses)
+        not_resident = np.greater(gpu, held | in_sync)
+        if _some(not_resident):
+            self._fail(layer, "gpu-not-resident", f"experts {_ids(not_resident)[:5]} neither resident nor fetched sync")
+        # lists repeat no expert, evict is resident, scratch is sync and fetches are not resident (checked)
+        kept = count - len(evict) + len(sync) - len(scratch) + len(asyn)
+        if kept > self.capacity:
+            self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
+        cached = np.flatnonzero(np.greater(in_sync, in_scratch)) if len(scratch) else sync
+        return Moves(cached, len(scratch), asyn, evict, _NONE, _NONE)
+
+    def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
+        """The three rules on where the routed experts compute; called once one is broken."""
+        if gpu & cpu:
+            self._fail(layer, "computed-twice", f"experts {sorted(gpu & cpu)[:5]} on both GPU and CPU")
+        if routed - gpu - cpu:
+            self._fail(layer, "routed-not-computed", f"routed experts {sorted(routed - gpu - cpu)[:5]}")
+        if (gpu | cpu) - routed:
+            self._fail(
+                layer, "unrouted-computed", f"experts {sorted((gpu | cpu) - routed)[:5]} have no tokens"
+            )
+        raise AssertionError(f"layer {layer}: the GPU and CPU experts do not split the routed ones")
+
+    def _check_devices(self, layer: int, plan: LayerPlan, any_cpu: bool) -> None:
+        """Expert parallelism: every expert on one of the GPUs, nothing offloaded."""
+        device, E, G = plan.device, self.n_experts, self.topology.n_gpus
+        if not (isinstance(device, torch.Tensor) and device.shape == (E,)) or device.dtype not in INT_DTYPES:
+            self._fail(layer, "device", f"topology=multi needs plan.device, an int tensor [{E}]")
+        if int(device.min()) < 0 or int(device.max()) >= G:
+            self._fail(layer, "device", f"plan.device names GPUs outside 0..{G - 1}")
+        if (any_cpu or len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.evict) or len(plan.prefetch)
+                or len(plan.prefetch_evict) or len(plan.evict_elsewhere)):
+            self._fail(layer, "multi-gpu-offload", "topology=multi keeps every expert resident: no CPU, no moves")
+
+    def _check_elsewhere(self, layer: int, plan: LayerPlan, held_all: np.ndarray) -> None:
+        """Evictions in other layers: resident there, each once, never this layer's own
+        (plan.evict) nor an expert this plan prefetches."""
+        pairs = plan.evict_elsewhere
+        if len(set(pairs)) != len(pairs):
+            self._fail(layer, "duplicate", "evict_elsewhere lists a (layer, expert) twice")
+        prefetched = set(np.asarray(plan.prefetch).tolist())
+        for other, e in pairs:
+            if not (0 <= other < self.n_layers) or other == layer:
+                self._fail(layer, "evict-elsewhere-layer",
+                           f"evict_elsewhere names layer {other}: another MoE layer than {layer} is required")
+            if not (0 <= e < self.n_experts and held_all[other, e]):
+                self._fail(layer, "evict-elsewhere-not-resident", f"layer {other} expert {e}")
+            if other == layer + 1 and e in prefetched:
+                self._fail(layer, "evict-elsewhere-prefetched", f"layer {other} expert {e} is also prefetched")
+
+    def _check_prefetch(self, layer: int, plan: LayerPlan, held_all: np.ndarray, counts: list[int],
+                        moves: Moves) -> Moves:
+        if layer + 1 >= self.n_layers:
+            self._fail(layer, "prefetch-last-layer", "the last MoE layer has no next layer to prefetch into")
+        nxt = held_all[layer + 1]
+        fetch, _ = self._id_array(layer, "prefetch", plan.prefetch)
+        evict, _ = self._id_array(layer, "prefetch_evict", plan.prefetch_evict)
+        if len(evict) and np.count_nonzero(nxt[evict]) != len(evict):
+            self._fail(layer, "prefetch-evict-not-resident",
+                       f"layer {layer + 1} experts {[e for e in evict.tolist() if not nxt[e]][:5]}")
+        if _some(nxt[fetch]):
+            self._fail(layer, "prefetch-resident",
+                       f"layer {layer + 1} experts {[e for e in fetch.tolist() if nxt[e]][:5]}")
+        kept = counts[layer + 1] - len(evict) + len(fetch)
+        if kept > self.capacity:
+            self._fail(layer, "prefetch-capacity", f"layer {layer + 1} would hold {kept}")
+        return moves._replace(prefetch=fetch, prefetch_evict=evict)

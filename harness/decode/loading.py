@@ -1,0 +1,38 @@
+"""A configured model, ready to decode: real weights from `model.path`, or the cached proxy
+of the same name and `model.weights` kind, built (balanced or trained) on first use. Above
+both harness/model and harness/training, which builds proxies with the model package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.model import LLaDA2Config, LLaDA2Model, nominal_geometry
+from harness.model.checkpoint import from_pretrained, load_tokenizer
+from harness.training.store import RESULT_WEIGHTS, ensure_weights
+
+if TYPE_CHECKING:
+    from harness.cli.config_parts import ModelConfig
+
+
+@dataclass
+class LoadedModel:
+    model: LLaDA2Model
+    tokenizer: object
+    weights: str  # "real" | "trained-proxy" | "random-proxy"
+    path: Path
+    nominal: LLaDA2Config  # the geometry the budget and the cost model charge
+
+
+def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
+    """Real weights from model.path, or the cached proxy of the same model name and
+    `model.weights` kind (trained or balanced random; built on first use)."""
+    if model_cfg.path is not None:
+        path, weights = Path(model_cfg.path), "real"
+    else:
+        kind = model_cfg.weights
+        path = ensure_weights(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed, kind)
+        weights = RESULT_WEIGHTS[kind]
+    model = from_pretrained(path, model_cfg.dtype)
+    return LoadedModel(model, load_tokenizer(path), weights, path, nominal_geometry(model_cfg))

@@ -1,0 +1,96 @@
+"""Where finished runs live on disk and what names them in MLflow: the run directory's
+files and markers, the sweep a job belongs to, experiment names, the code's commit and a
+result's workload record. A leaf below harness/tracking/tracking.py (logging), harness/tracking/sweep_run.py
+(parent runs) and harness/report/report.py (tables), which all find runs the same way."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from harness.cli.config_parts import TrackingConfig
+from harness.decode.workload import workload_record
+from harness.tracking.mlflow_store import find_marker
+
+RUN_MARKER = "mlflow.json"
+
+
+PARENT_MARKER = "mlflow_parent.json"
+
+
+RESULT_FILE = "result.json"
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> str:
+    """The configured experiment, else one per model; a sweep over models shares one."""
+    if tracking.experiment:
+        return tracking.experiment
+    models = sorted(set(models))
+    return f"llada2-{models[0]}" if len(models) == 1 else "llada2-sweeps"
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def workload_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The result's workload record; for a result.json written before runs recorded one, the
+    record of a built-in prompt list in its config (a prompts file may have changed since)."""
+    if result.get("workload"):
+        return dict(result["workload"])
+    config = result.get("config") or {}
+    workload = config.get("workload") or {}
+    prompts = [str(p) for p in workload.get("prompts") or []]
+    if workload.get("path") or not prompts or source_is_trace_file(config):
+        return None
+    return workload_record(workload, prompts[: config.get("limit_prompts") or None])
+
+
+def source_is_trace_file(config: Mapping[str, Any]) -> bool:
+    """A replay of an explicit trace decoded the trace's prompts, not the configured ones."""
+    return config.get("source") == "trace" and bool((config.get("trace") or {}).get("path"))
+
+
+def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:
+    marker = find_marker(Path(sweep_dir) / PARENT_MARKER, uri)
+    return marker["run_id"] if marker else None
+
+
+ARTIFACT_TREES = {"mlartifacts", "mlruns"}  # MLflow's copies of result.json are not runs
+
+
+def find_files(roots: list[Path], name: str) -> list[Path]:
+    """Files called `name` under the roots (or the roots themselves), outside artifact stores."""
+    found = []
+    for root in roots:
+        paths = [root] if root.is_file() else [root / name] if (root / name).is_file() else root.rglob(name)
+        found += [p.resolve() for p in paths if p.name == name and not ARTIFACT_TREES & set(p.resolve().parts)]
+    return found
+
+
+def result_dirs(roots: list[Path]) -> list[Path]:
+    """Run directories (holding a result.json) under the roots, oldest first."""
+    found = {p.parent for p in find_files(roots, RESULT_FILE)}
+    return sorted(found, key=lambda d: ((d / RESULT_FILE).stat().st_mtime, str(d)))
+
+
+def sweep_dir_of(run_dir: Path) -> Path | None:
+    """The Hydra sweep directory a job directory belongs to (it holds multirun.yaml)."""
+    for parent in run_dir.parents:
+        if (parent / "multirun.yaml").is_file():
+            return parent
+        if parent == parent.parent:
+            break
+    return None
