@@ -28,6 +28,7 @@ from harness.core.profiling import fit_gpu_roofline
 from harness.decode.decode_batch import decode_prompts, decode_with_engine
 from harness.errors import HarnessError
 from harness.hybrid.backend import check_backend, resolve_backend
+from harness.hybrid.execution import Execution
 from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
 from harness.hybrid.placement import attach
 from harness.hybrid.pool import SlotPool
@@ -288,7 +289,7 @@ def test_a_device_run_goes_through_the_executor_with_a_per_backend_reference(tmp
     assert m["modeled_tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["modeled_time_s"])
     assert all("measured_s" in s for s in result["step_series"])
     prompts = harness.cli.run.load_prompts(cfg.workload, cfg.limit_prompts)
-    cpu_key = harness.cli.run.reference_tokens(cfg, cfg.decode, prompts)[0]
+    cpu_key = harness.cli.run.artifact_key(cfg, cfg.decode, prompts)
     assert len(list((cache / "reference").iterdir())) == 1  # the stand-in's own, not the cpu backend's
     assert cpu_key not in {p.stem for p in (cache / "reference").iterdir()}
     assert closed == ["gpu_only", "gpu_only", "fiddler"]  # calibration, reference, the run: all on the device
@@ -384,3 +385,11 @@ def test_the_gpu_check_script_runs_end_to_end_on_the_stand_in(tmp_path) -> None:
         assert row["timing"] == "measured" and row["token_match_rate"] == "1"
     assert float(body["tide"]["miss_rate"]) > 0 and int(body["tide"]["cpu_expert_tokens"]) > 0
     assert json.loads((tmp_path / "out" / "local_profile.json").read_text())["shapes"]
+
+
+def test_the_backend_is_chosen_once_into_an_execution() -> None:
+    host, device = Execution.choose("cpu"), Execution.choose("standin")
+    assert not host.on_device and host.cache_key("key") == "key"  # the host's artifacts keep their keys
+    assert device.on_device and device.cache_key("key") not in ("key", host.cache_key("key"))
+    with pytest.raises(HarnessError, match="backend='tpu' is not allowed"):
+        Execution.choose("tpu")

@@ -19,17 +19,15 @@ from pathlib import Path
 from harness.cli.config import HarnessConfig
 from harness.cli.replay import run_replay
 from harness.cli.run_setup import build_result, setup_run
-from harness.decode.decode_batch import decode_prompts, decode_with_engine, encode_checked
+from harness.decode.decode_batch import decode_with_engine, encode_checked
 from harness.decode.decoding import steps_per_block
-from harness.decode.loading import LoadedModel, load_model
+from harness.decode.loading import LoadedModel
 from harness.decode.lossless import compare_tokens, load_reference, store_reference
 from harness.decode.workload import load_prompts, workload_record
-from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
-from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
-from harness.hybrid.wiring import all_gpu_engine, load_on_device, reference_key
+from harness.hybrid.execution import Execution
 from harness.model import nominal_geometry
 from harness.routing_stats import statistics_with_uniform
-from harness.traces.artifacts import calibration_trace, describe_batch, model_identity, new_trace, reference_tokens
+from harness.traces.artifacts import artifact_key, calibration_trace, describe_batch, model_identity, new_trace
 from harness.tracking.result import DecodedOutputs, RunIdentity, RunResult
 
 
@@ -46,10 +44,9 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
     settings = cfg.decode
     setup = setup_run(cfg, nominal_geometry(cfg.model))
-    backend = resolve_backend(cfg.backend)
+    execution = Execution.choose(cfg.backend)  # host or device: every backend-dependent step asks it
     t0 = time.perf_counter()
-    on_device = backend in DEVICE_BACKENDS
-    loaded = load_on_device(cfg, backend) if on_device else load_model(cfg.model, cfg.cache_dir)
+    loaded = execution.load(cfg)
     load_s = time.perf_counter() - t0
     encode_checked(loaded, prompts, settings, "workload")  # a prompt too long fails before any decoding
 
@@ -59,27 +56,20 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     record = cfg.trace.record
     calibration = None
     if setup.needs_calibration or record:
-        calibration = calibration_trace(cfg, settings, model, backend)
-    ref_key, reference = reference_tokens(cfg, settings, prompts)
-    if on_device:  # the reference is computed by this GPU's kernels: CPU kernels round differently
-        ref_key = reference_key(ref_key, backend)
-        reference = load_reference(cfg.cache_dir, ref_key)
+        calibration = calibration_trace(cfg, settings, model, execution.backend)
+    # a device's reference is computed by its own kernels: CPU kernels round differently
+    ref_key = execution.cache_key(artifact_key(cfg, settings, prompts))
+    reference = load_reference(cfg.cache_dir, ref_key)
     if reference is None and setup.system.name != "gpu_only":
-        if on_device:
-            all_gpu = all_gpu_engine(loaded, setup.cost, steps_per_block(settings))
-            ref_batch = decode_with_engine(loaded, all_gpu, prompts, settings, desc="reference")
-        else:
-            ref_batch = decode_prompts(loaded, prompts, settings, desc="reference")
-        reference = [o.generated for o in ref_batch.outputs]
+        reference = execution.reference_tokens(loaded, setup.cost, prompts, settings)
         store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
 
     trace = new_trace(loaded, cfg, settings, "workload") if record else None
     engine = setup.engine(trace)
     engine.prepare(calibration if setup.needs_calibration else None, steps_per_block(settings))
-    runner = wrap(loaded.model, engine)  # kept here: its measured figures go into the result
+    runner = execution.runner(loaded, engine)  # kept here: its measured figures go into the result
     batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
-    if isinstance(runner, HybridExecutor):
-        runner.close()
+    execution.close(runner)
     tokens = [o.generated for o in batch.outputs]
     if reference is None:  # this gpu_only run is the reference
         reference = tokens
@@ -95,13 +85,12 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     clock = {"wall_s": batch.wall_s, "load_s": load_s,
              "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0}
     result = build_result(cfg, setup, engine, counts, clock, RunIdentity(
-        source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=backend))
+        source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=execution.backend))
     result.lossless = check.metrics()
     result.workload = workload_record(cfg.workload, prompts)  # MLflow's dataset input
     if trace is not None:  # how realistic this run's routing is, beside uniform routing
         result.routing = statistics_with_uniform(trace, max(1, int(setup.budget.experts_per_layer)))
-    if isinstance(runner, HybridExecutor):  # timing=measured; the modeled figures stay beside it
-        apply_measured(result, runner.summary(), backend)
+    execution.add_measured(result, runner)  # on a device: timing=measured, the modeled figures beside it
     first = batch.outputs[0]
     result.decoded = DecodedOutputs(
         outputs=[{"prompt_tokens": len(o.prompt_ids), "tokens": o.generated, "n_generated": o.n_generated,

@@ -21,25 +21,16 @@ reads nothing `decide` has not fixed, so an executor may run it while the GPU ke
 run. At most one layer is pending: `decide` refuses while one is, and `end_step` refuses
 to close a forward with one. Results are the same bits whichever way a layer is driven.
 
-Host time: the engine times (time.perf_counter) the seconds inside `System.plan` and its
-own bookkeeping (decide + account without the plan) per layer; `host_seconds()` returns
-them. They are wall-clock figures of this process, so they are not in `summary()`
-(summaries are compared exactly across runs).
-
-Rules a plan must keep: listed in harness/core/plan_rules.py, whose `PlanRules.check` raises
-`PlanError` (re-exported here) naming system, layer and rule. With topology=multi
-(harness/core/topology.py) every expert stays resident on the GPU its plan names, and the
-layer's GPU time is its slowest GPU's.
-
-Counters: a missed pair is a routed token-expert pair whose expert was not resident when
-the layer started (for a plan whose moves are free, the oracle's, after its moves);
-io_bytes counts every charged host->GPU copy (sync, scratch, async, prefetch).
+Host time: the seconds inside `System.plan` and of the engine's own bookkeeping, per
+layer (`host_seconds()`); wall-clock, so never in `summary()`, which runs compare exactly.
+Rules: harness/core/plan_rules.py (`PlanError` names system, layer and rule). A missed
+pair is a routed token-expert pair whose expert was not resident when the layer started
+(free moves, the oracle's: after them); io_bytes counts every charged host->GPU copy.
 
 Speed: the bookkeeping runs once per layer of every forward, between the router and the
-experts, so it touches torch once (the load's numpy view) and works on numpy masks from
-there: residency is a bool [layers, E] array (systems read their row through a read-only
-view), plans are masks and id arrays, and all arithmetic is left to the ledger, which
-charges a batch of forwards in a few array passes. `python -m harness.bench` measures it.
+experts, so it touches torch once (the load's numpy view) and then works on numpy: a bool
+[layers, E] residency (systems read their row through a read-only view), plans of masks
+and id arrays, and a ledger that charges a batch of forwards in a few array passes.
 
 Lossless: `run_experts` computes every routed expert with one call of
 `compute_routed_experts` in canonical order, so on one device every placement gives the
@@ -369,11 +360,6 @@ class OffloadEngine:
 
     # ---- results -----------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        c = self.counters
-        step_series = self.ledger.step_series()
-        copies = c.copies_sync + c.copies_async + c.copies_scratch
-        io_bytes = int(copies * self.cost.expert_bytes)
-        modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
         return {
             "system": self.system.name,
             "hardware": self.cost.hw.name,
@@ -381,25 +367,7 @@ class OffloadEngine:
             "experts_per_layer": self.experts_per_layer,
             "capacity": self.capacity,
             **({"total_capacity": self.total_capacity} if self.total_capacity is not None else {}),
-            "forwards": len(step_series),
-            "routed_pairs": c.routed_pairs,
-            "missed_pairs": c.missed_pairs,
-            "miss_rate": c.missed_pairs / c.routed_pairs if c.routed_pairs else 0.0,
-            "io_bytes": io_bytes,
-            "io_gb": io_bytes / 1e9,
-            "cpu_expert_tokens": c.cpu_expert_tokens,
-            "copies_sync": c.copies_sync,
-            "copies_async": c.copies_async,
-            "copies_scratch": c.copies_scratch,
-            "copies_free": c.copies_free,
-            "time_gpu_experts_s": c.time_gpu_experts_s,
-            "time_cpu_experts_s": c.time_cpu_experts_s,
-            "time_copies_s": c.time_copies_s,
-            "time_non_expert_s": c.time_non_expert_s,
-            "busy_cpu_experts_s": c.busy_cpu_experts_s,
-            "busy_copies_s": c.busy_copies_s,
-            "modeled_time_s": modeled,
-            "step_series": list(step_series),
+            **self.ledger.figures(),
         }
 
     # ---- replay ------------------------------------------------------------------------

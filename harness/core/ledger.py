@@ -358,3 +358,32 @@ class Ledger:
     def step_series(self) -> list[dict[str, Any]]:
         self.flush()
         return self._series
+
+    def figures(self) -> dict[str, Any]:
+        """The run's accounts as a summary's figures: counters, I/O, modeled time, steps."""
+        c = self.counters_now()
+        step_series = self.step_series()
+        copies = c.copies_sync + c.copies_async + c.copies_scratch
+        io_bytes = int(copies * self.cost.expert_bytes)
+        modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
+        return {
+            "forwards": len(step_series),
+            "routed_pairs": c.routed_pairs,
+            "missed_pairs": c.missed_pairs,
+            "miss_rate": c.missed_pairs / c.routed_pairs if c.routed_pairs else 0.0,
+            "io_bytes": io_bytes,
+            "io_gb": io_bytes / 1e9,
+            "cpu_expert_tokens": c.cpu_expert_tokens,
+            "copies_sync": c.copies_sync,
+            "copies_async": c.copies_async,
+            "copies_scratch": c.copies_scratch,
+            "copies_free": c.copies_free,
+            "time_gpu_experts_s": c.time_gpu_experts_s,
+            "time_cpu_experts_s": c.time_cpu_experts_s,
+            "time_copies_s": c.time_copies_s,
+            "time_non_expert_s": c.time_non_expert_s,
+            "busy_cpu_experts_s": c.busy_cpu_experts_s,
+            "busy_copies_s": c.busy_copies_s,
+            "modeled_time_s": modeled,
+            "step_series": list(step_series),
+        }

@@ -8,5 +8,6 @@ tests with a CPU stand-in for the device (runtime.StandInRuntime).
   placement.py  attach a model to a device (non-experts there, experts pinned on the host)
   pool.py       per-layer slot pools (the budget, for real) and one-use scratch buffers
   executor.py   HybridExecutor: carries out an OffloadEngine's plans layer by layer
-  wiring.py     what harness/cli/run.py needs: loading on CUDA, the per-device reference
+  wiring.py     loading on CUDA, the per-device reference key, the all-GPU engine
+  execution.py  Execution: the backend chosen once; every backend-dependent step of a live run
 """
