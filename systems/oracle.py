@@ -225,32 +225,29 @@ class Oracle(System):
         chosen, _, exact = best_gpu_set(loads, self.capacity, self.ctx.cost)
         self.planned_layers += 1
         self.inexact_layers += not exact
-        on_gpu = set(chosen)
-        routed = np.flatnonzero(loads > 0)
-        # heaviest first, ties to the lower id (ids ascend and the sort is stable)
-        by_load = routed[np.argsort(-loads[routed], kind="stable")].tolist()
-        now = set(np.flatnonzero(resident).tolist())
-        held = self._held(on_gpu, by_load, now)
-        fetch = sorted(held - now)
-        evict = sorted(now - held)
-        scratch = sorted(on_gpu - held)
+        routed = loads > 0
         gpu = np.zeros(loads.shape[0], bool)
         gpu[chosen] = True
+        held = self._held(loads, gpu, resident)
+        scratch = np.flatnonzero(np.greater(gpu, held))
         return LayerPlan(
-            gpu=gpu, cpu=(loads > 0) & ~gpu, fetch_sync=fetch + scratch,
-            scratch=scratch, evict=evict, free_moves=True,  # hindsight: the engine charges no residency move
+            gpu=gpu, cpu=np.greater(routed, gpu), fetch_sync=np.concatenate([np.flatnonzero(np.greater(held, resident)),
+                                                                           scratch]),
+            scratch=scratch, evict=np.flatnonzero(np.greater(resident, held)),
+            free_moves=True,  # hindsight: the engine charges no residency move
         )
 
-    def _held(self, on_gpu: set[int], by_load: list[int], resident: set[int]) -> set[int]:
-        """B experts to hold (moves are free, so which ones is immaterial to the charge):
-        G's experts already resident (a resident expert cannot be a scratch copy), then
-        G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so the
-        GPU holds this step's top-B when G is heaviest-first. `by_load`: the routed experts,
-        heaviest first, ties to the lower id."""
-        ranked = [e for e in by_load if e in on_gpu and e in resident]
-        ranked += [e for e in by_load if e in on_gpu and e not in resident]
-        ranked += [e for e in by_load if e not in on_gpu]
-        return set(ranked[: self.capacity])
+    def _held(self, loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray) -> np.ndarray:
+        """bool [E]: B experts to hold (moves are free, so which ones is immaterial to the
+        charge): G's experts already resident (a resident expert cannot be a scratch copy),
+        then G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so
+        the GPU holds this step's top-B when G is heaviest-first (ties to the lower id)."""
+        routed = np.flatnonzero(loads)
+        by_load = routed[np.argsort(-loads[routed], kind="stable")]
+        rank = np.where(gpu[by_load], np.where(resident[by_load], 0, 1), 2)
+        held = np.zeros(loads.shape[0], bool)
+        held[by_load[np.argsort(rank, kind="stable")[: self.capacity]]] = True
+        return held
 
     def report(self) -> dict[str, object]:
         return {"planned_layers": self.planned_layers, "inexact_layers": self.inexact_layers}

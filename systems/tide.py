@@ -20,6 +20,7 @@ tau: random      a tau drawn uniformly from 1..T at the start of every block (se
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -71,12 +72,11 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: s
     after = refreshed(now, loads, capacity)
     promote = np.flatnonzero(np.greater(after, now))
     demote = np.flatnonzero(np.greater(now, after))
+    serving = after if migration == "sync" else now & after
+    gpu, cpu = routed & serving, np.greater(routed, serving)
     if migration == "sync":
-        return LayerPlan(gpu=routed & after, cpu=routed & ~after,
-                         fetch_sync=promote, evict=demote)
-    kept = now & after
-    return LayerPlan(gpu=routed & kept, cpu=routed & ~kept,
-                     fetch_async=promote, evict=demote)
+        return LayerPlan(gpu=gpu, cpu=cpu, fetch_sync=promote, evict=demote)
+    return LayerPlan(gpu=gpu, cpu=cpu, fetch_async=promote, evict=demote)
 
 
 def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
@@ -206,6 +206,9 @@ def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
         return np.zeros(load.shape, bool)
     if capacity >= n_experts:
         return load > 0
+    if load.ndim == 1 and load.dtype == np.int64:  # one layer, live: no overflow to fear at E <= 2**16
+        key = load * n_experts + _descending_ids(n_experts)
+        return key >= max(int(np.partition(key, n_experts - capacity)[n_experts - capacity]), n_experts)
     # one unique key per expert (load, then lower id first); the top-B keys are those at or
     # above the capacity-th largest, found by a partial sort; routed experts have keys >= E
     dtype = np.int64 if load.size and (int(load.max()) + 1) * n_experts >= 2**31 else np.int32
@@ -213,6 +216,14 @@ def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
     key += np.arange(n_experts - 1, -1, -1, dtype=dtype)
     kth = np.partition(key, n_experts - capacity, axis=-1)[..., n_experts - capacity, None]
     return key >= np.maximum(kth, n_experts)
+
+
+@functools.lru_cache(maxsize=8)
+def _descending_ids(n_experts: int) -> np.ndarray:
+    """E-1, ..., 0: the tie-break of `top_b`'s keys (lower id ranks higher)."""
+    ids = np.arange(n_experts - 1, -1, -1, dtype=np.int64)
+    ids.flags.writeable = False
+    return ids
 
 
 def refresh_bits(resident: np.ndarray, target: np.ndarray, n_target: np.ndarray, capacity: int,

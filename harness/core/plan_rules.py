@@ -106,6 +106,8 @@ class PlanRules:
     def _id_array(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One of a plan's id lists as (int64 ids, bool [E] mask), each a valid expert id,
         none repeated."""
+        if not len(items):
+            return _NONE, self._no_mask
         ids = items if type(items) is np.ndarray else np.asarray(items)
         if ids.dtype.kind not in "iu" or ids.ndim != 1:
             if ids.size == 0:
