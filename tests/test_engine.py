@@ -256,3 +256,33 @@ def test_a_plan_with_torch_masks_is_refused_with_the_fix() -> None:
     engine.begin_step(STEP, 3, 3)
     with pytest.raises(PlanError, match=r"numpy bool array \[8\] \(a torch tensor: pass mask.numpy\(\)\)"):
         engine.plan_layer(0, LOAD)
+
+
+@pytest.mark.parametrize(("ids", "rule"), [(np.array([2]), None), (np.array([-1]), "bad-id"),
+                                           (np.array([2, 2]), "duplicate"), (np.array([2.0]), "bad-id"),
+                                           ([True], "bad-id")])
+def test_id_lists_may_be_arrays_and_are_checked_as_lists(ids, rule) -> None:
+    plan = LayerPlan(gpu=mask(0, 2), cpu=mask(3), fetch_sync=ids, evict=np.array([1]))  # valid: fetch 2, evict 1
+    engine = engine_for(Scripted(lambda layer: plan))
+    engine.begin_step(STEP, 3, 3)
+    if rule is None:
+        engine.plan_layer(0, LOAD)
+        assert engine.layer_resident(0) == {0, 2}
+    else:
+        with pytest.raises(PlanError) as err:
+            engine.plan_layer(0, LOAD)
+        assert err.value.rule == rule
+
+
+def test_a_system_reads_its_residency_but_cannot_change_it() -> None:
+    def meddling(layer: int, load: np.ndarray, hint: object, resident: np.ndarray) -> LayerPlan:
+        resident[5] = True  # a system must not move residency behind the engine's back
+        return LayerPlan(gpu=mask(0), cpu=mask(2, 3))
+
+    system = Scripted(lambda layer: LayerPlan(gpu=mask(0), cpu=mask(2, 3)))
+    system.plan = meddling  # type: ignore[method-assign]
+    engine = engine_for(system)
+    engine.begin_step(STEP, 3, 3)
+    with pytest.raises(ValueError, match="read-only"):
+        engine.plan_layer(0, LOAD)
+    assert engine.layer_resident(0) == {0, 1}
