@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.core.ordered_sums import torch_sum
+from harness.core.cost import CostModel
+from harness.core.ordered_sums import row_sums, torch_sum
 from harness.errors import HarnessError
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide import MIGRATIONS, refresh_plan, top_b
@@ -77,6 +78,24 @@ def layer_regret(
     return max(0.0, stale - fresh), copy_s * int(np.count_nonzero(np.greater(top, resident)))
 
 
+def forward_regrets(loads: np.ndarray, resident: np.ndarray, capacity: int, cost: CostModel
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """`layer_regret` of every row of int [n, E] loads and bool [n, E] residencies at once,
+    to the same bits: each side's seconds are the torch sums of its times in id order
+    (`row_sums`, as the ledger charges them)."""
+    routed = loads > 0
+    top = top_b(loads, capacity)
+
+    def seconds(device: str, mask: np.ndarray) -> np.ndarray:
+        picked = np.extract(mask, loads)
+        table = cost.time_table(device, int(picked.max()) if picked.size else 0)
+        return row_sums(table[picked], np.count_nonzero(mask, axis=-1))
+
+    stale = np.maximum(seconds("gpu", routed & resident), seconds("cpu", np.greater(routed, resident)))
+    fresh = np.maximum(seconds("gpu", top), seconds("cpu", np.greater(routed, top)))
+    return np.maximum(0.0, stale - fresh), cost.copy_time(1) * np.count_nonzero(np.greater(top, resident), axis=-1)
+
+
 class TideAdaptive(System):
     name = "tide_adaptive"
     overlap = True
@@ -99,10 +118,14 @@ class TideAdaptive(System):
         self.tau_per_block: list[float] = []
         self.refreshes = 0
         self.migrated = 0
+        self.seen_loads, self.seen_held, self.n_seen = np.zeros((0, 0), np.int64), np.zeros((0, 0), bool), 0
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
         self.capacity = ctx.experts_per_layer
+        # the open denoise forward's layers (load, residency), priced together when it closes
+        shape = (ctx.geometry.n_moe_layers, ctx.geometry.num_experts)
+        self.seen_loads, self.seen_held, self.n_seen = np.zeros(shape, np.int64), np.zeros(shape, bool), 0
 
     # ---- per forward ---------------------------------------------------------------
     def on_step(self, step: StepInfo) -> None:
@@ -140,6 +163,7 @@ class TideAdaptive(System):
     def _close_step(self) -> None:
         """Fold the finished denoise forward into the regret since the last refresh (a
         refresh step is fresh by construction: it adds nothing)."""
+        self._price_observed()
         step, t = self.current, self.tally
         self.tally = StepTally()
         if step is None or step.kind != "denoise" or t.layers == 0:
@@ -167,13 +191,25 @@ class TideAdaptive(System):
         return plan
 
     def _observe(self, loads: np.ndarray, now: np.ndarray) -> None:
-        cost = self.ctx.cost
-        top = int(loads.max()) if loads.size else 0
-        gpu, cpu = cost.time_table("gpu", top)[loads], cost.time_table("cpu", top)[loads]
-        regret, buy = layer_regret(loads, now, self.capacity, gpu, cpu, cost.copy_time(1))
-        self.tally.regret_s += regret
-        self.tally.buy_s += buy
-        self.tally.layers += 1
+        """Keep this layer's load and residency; the forward's layers are priced together
+        when it closes (only the next step's decision reads them)."""
+        if self.n_seen == len(self.seen_loads):  # more layers than the geometry's: room for one more
+            self.seen_loads = np.concatenate([self.seen_loads, self.seen_loads[:1]])
+            self.seen_held = np.concatenate([self.seen_held, self.seen_held[:1]])
+        self.seen_loads[self.n_seen] = loads
+        self.seen_held[self.n_seen] = now
+        self.n_seen += 1
+
+    def _price_observed(self) -> None:
+        """Fold the kept layers into the open tally, layer after layer as `layer_regret` would."""
+        n, self.n_seen = self.n_seen, 0
+        if not n:
+            return
+        regrets, buys = forward_regrets(self.seen_loads[:n], self.seen_held[:n], self.capacity, self.ctx.cost)
+        for regret, buy in zip(regrets.tolist(), buys.tolist(), strict=True):
+            self.tally.regret_s += regret
+            self.tally.buy_s += buy
+        self.tally.layers += n
 
     def report(self) -> dict[str, Any]:
         self._close_step()

@@ -23,7 +23,7 @@ from harness.model.config import LLaDA2Config
 from harness.traces.trace import RoutingTrace
 from systems.base import StepInfo
 from systems.registry import make_system
-from systems.tide_adaptive import layer_regret
+from systems.tide_adaptive import forward_regrets, layer_regret
 from tests.test_systems import drive, geometry, random_trace
 
 register_configs()
@@ -167,3 +167,17 @@ def test_tide_adaptive_run_on_the_tiny_proxy_is_lossless(proxy_cache: Path, tmp_
     result = run_job(cfg, tmp_path)
     assert result["metrics"]["lossless"] == 1
     assert result["system_report"]["refreshes"] > 0
+
+
+def test_a_forwards_regrets_priced_together_are_each_layers_own_to_the_bit() -> None:
+    gen = np.random.default_rng(3)
+    for capacity in (1, 2, 5):
+        loads = gen.integers(0, 40, (6, 8)) * (gen.random((6, 8)) < 0.6)
+        held = gen.random((6, 8)) < 0.4
+        loads[0] = 3  # equal loads: the constant-time sums
+        regrets, buys = forward_regrets(loads, held, capacity, COST)
+        for row in range(6):
+            n = torch.from_numpy(loads[row])
+            one = layer_regret(loads[row], held[row], capacity, COST.gpu_expert_times(n).numpy(),
+                               COST.cpu_expert_times(n).numpy(), COST.copy_time(1))
+            assert (float(regrets[row]), float(buys[row])) == one
