@@ -38,20 +38,29 @@ class MissPipeline:
 
 def pipelined_layer(hits_start: np.ndarray, link_start: np.ndarray, hit_s: np.ndarray, miss_s: np.ndarray,
                     n_miss: np.ndarray, copy_one: float, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """(end of the GPU experts, link free) of one layer of n forwards; miss_s [n, K]."""
+    """(end of the GPU experts, link free) of one layer of n forwards; miss_s [n, K].
+
+    The forwards are taken most misses first, so the ones still loading at miss i are a
+    prefix of the rows and each step works on that prefix in place."""
     n, width = miss_s.shape
-    gpu_free = hits_start + hit_s
-    link = link_start.copy()
+    order = np.argsort(-n_miss, kind="stable")
+    gpu_free = (hits_start + hit_s)[order]
+    link = link_start[order]  # a copy: fancy indexing
+    miss_s = miss_s[order]
+    loading = np.searchsorted(-n_miss[order], -np.arange(width), side="left")  # rows with n_miss > i
     starts = np.empty((n, width))
     for i in range(width):
-        active = i < n_miss
-        ready_to_load = np.maximum(link, starts[:, i - slots]) if i >= slots else link
-        copy_end = ready_to_load + copy_one
-        start = np.maximum(copy_end, gpu_free)
-        starts[:, i] = start
-        link = np.where(active, copy_end, link)
-        gpu_free = np.where(active, start + miss_s[:, i], gpu_free)
-    return gpu_free, link
+        k = int(loading[i])
+        lk = link[:k]
+        if i >= slots:
+            np.maximum(lk, starts[:k, i - slots], out=lk)
+        lk += copy_one  # this miss's copy ends: the link is free again
+        start = np.maximum(lk, gpu_free[:k])
+        starts[:k, i] = start
+        np.add(start, miss_s[:k, i], out=gpu_free[:k])
+    back = np.empty_like(order)
+    back[order] = np.arange(n)
+    return gpu_free[back], link[back]
 
 
 def miss_pipeline(loads: np.ndarray, on_gpu: np.ndarray, missed: np.ndarray, gpu_table: np.ndarray,
