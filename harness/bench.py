@@ -8,7 +8,9 @@ Per system, over a routing trace (everything but the numerics):
 - live_us_per_layer_step: the live path's cost per MoE layer per forward (System.plan,
   plan validation and residency, the ledger's recording and its charge of the forwards),
   the engine driven layer by layer as a live run drives it; median of 3 runs, each with a
-  fresh system; plan_us_per_layer_step: the part inside `System.plan` (same run);
+  fresh system; plan_us_per_layer_step: the part inside `System.plan`, and
+  engine_us_per_layer_step: the engine's own part (plan checks, residency, the ledger's
+  recording and charges), both from the same run (the rest is the replay loop's);
 - replay_layer_steps_per_s: a replay's speed (harness/traces/batch_replay.py: in batch where the
   system plans in batch, `replay_mode` fast, else layer by layer, the live figure), and
   `replay_exact`: whether the replay's summary equals the live path's bit for bit;
@@ -78,24 +80,28 @@ def _prepared_engine(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: 
 
 
 def live_run(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
-             cost: CostModel) -> tuple[float, float, dict]:
-    """(seconds, seconds inside System.plan, summary) of the live path over `trace`."""
+             cost: CostModel) -> tuple[float, float, float, dict]:
+    """(seconds, seconds inside System.plan, the engine's own seconds, summary) of the
+    live path over `trace`."""
     engine = _prepared_engine(name, trace, geometry, b, cost)
     start = time.perf_counter()
     summary = engine.replay(trace)  # layer by layer, as a live run's MoE layers drive it
-    return time.perf_counter() - start, engine.host_seconds()["host_plan_s"], summary
+    host = engine.host_seconds()
+    return time.perf_counter() - start, host["host_plan_s"], host["host_engine_s"], summary
 
 
 def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int, cost: CostModel) -> dict:
     layer_steps = len(trace) * trace.n_layers
     runs = sorted((live_run(name, trace, geometry, b, cost) for _ in range(3)), key=lambda r: r[0])
-    live_s, plan_s, live_summary = runs[1]
+    live_s, plan_s, engine_s, live_summary = runs[1]
     engine = _prepared_engine(name, trace, geometry, b, cost)
     start = time.perf_counter()
     summary, mode = replay_trace(engine, trace)
     replay_s = time.perf_counter() - start if mode == "fast" else live_s
     return {"system": name, "layer_steps": layer_steps, "live_us_per_layer_step": 1e6 * live_s / layer_steps,
-            "plan_us_per_layer_step": 1e6 * plan_s / layer_steps, "replay_layer_steps_per_s": layer_steps / replay_s,
+            "plan_us_per_layer_step": 1e6 * plan_s / layer_steps,
+            "engine_us_per_layer_step": 1e6 * engine_s / layer_steps,
+            "replay_layer_steps_per_s": layer_steps / replay_s,
             "replay_mode": mode, "replay_exact": not summary_differences(live_summary, summary, rel=0.0)}
 
 

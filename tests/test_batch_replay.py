@@ -244,6 +244,8 @@ def test_bench_prints_live_and_replay_figures_per_system_as_json(capsys):
     for name, row in out["systems"].items():
         assert row["layer_steps"] == 3 * 19
         assert row["live_us_per_layer_step"] > 0 and row["replay_layer_steps_per_s"] > 0
+        # the parts are measured inside the live figure's own run
+        assert 0 < row["plan_us_per_layer_step"] + row["engine_us_per_layer_step"] <= row["live_us_per_layer_step"]
         assert row["replay_mode"] == ("fast" if name == "tide" else "engine") and row["replay_exact"] is True
 
 
