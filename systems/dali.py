@@ -110,7 +110,12 @@ def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
     gpu_s, cpu_s = gpu.tolist(), cpu.tolist()
     for e in order[loads[order] > 0].tolist():
         g, c = gpu_s[e], cpu_s[e]
-        if (max(gpu_side + g, cpu_side), g) <= (max(gpu_side, cpu_side + c), c):
+        # (max(gpu_side + g, cpu_side), g) <= (max(gpu_side, cpu_side + c), c), without the
+        # tuples and max calls: this loop runs over every routed expert of every layer
+        with_gpu, with_cpu = gpu_side + g, cpu_side + c
+        finish_gpu = with_gpu if with_gpu >= cpu_side else cpu_side
+        finish_cpu = gpu_side if gpu_side >= with_cpu else with_cpu
+        if finish_gpu < finish_cpu or (finish_gpu == finish_cpu and g <= c):
             on_gpu[e] = True
             gpu_side += g
         else:
