@@ -43,7 +43,6 @@ class Fiddler(System):
         super().__init__()
         self.popularity: torch.Tensor | None = None
         self._rule = np.zeros(0, bool)  # cheaper_on_cpu per load
-        self._copied = np.zeros(0, bool)  # its negation
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -73,12 +72,6 @@ class Fiddler(System):
         self._tabulate(int(loads.max()) if loads.size else 0)
         return self._rule[loads]
 
-    def copied_miss(self, load: np.ndarray) -> np.ndarray:
-        """~cheaper_on_cpu of one layer's load (counts, never negative): where a miss goes
-        to a scratch copy."""
-        self._tabulate(int(load.max()))
-        return self._copied[load]
-
     def _tabulate(self, top: int) -> None:
         """The rule for every load up to at least `top`."""
         if top >= len(self._rule):
@@ -86,14 +79,14 @@ class Fiddler(System):
             n = max(len(cost.time_table("gpu", top)), len(cost.time_table("cpu", top)))
             gpu, cpu = cost.time_table("gpu", n - 1)[:n], cost.time_table("cpu", n - 1)[:n]
             self._rule = cpu <= cost.copy_time(1) + gpu
-            self._copied = ~self._rule
 
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         routed = load.astype(bool)  # loads are counts
         miss = np.greater(routed, resident)
-        to_scratch = miss & self.copied_miss(load)
+        self._tabulate(int(load.max()))  # loads are counts: the rule indexes them as they are
+        to_scratch = np.greater(miss, self._rule[load])  # a miss not cheaper on the CPU is copied
         if not np.count_nonzero(to_scratch):  # the common case: every miss computes on the CPU
             return LayerPlan(gpu=routed & resident, cpu=miss)
         scratch = np.flatnonzero(to_scratch)

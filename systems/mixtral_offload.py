@@ -65,7 +65,7 @@ class MixtralOffload(System):
         # the LRU order of the resident experts is the order of their stamps
         self.stamp = np.zeros((0, 0), np.int64)
         self.clock: list[int] = []  # per layer, the next stamp
-        self.cached = np.zeros((0, 0), bool)  # per layer, what the cache holds (prefetch reads layer+1's)
+        self.cached = np.zeros((0, 0), bool)  # with prefetch: per layer, what the cache holds (read for layer+1)
         self.prefetched = 0
 
     def prepare(self, ctx: PrepareContext) -> None:
@@ -104,10 +104,11 @@ class MixtralOffload(System):
         cached, scratch = misses[:room], misses[room:]
         n_evict = int(np.count_nonzero(held)) + len(cached) - self.capacity
         evict = self._least_recent(layer, np.flatnonzero(np.greater(held, routed)), n_evict)
-        in_cache = self.cached[layer]
-        in_cache[:] = held
-        in_cache[evict] = False
-        in_cache[cached] = True
+        if self.prefetch:  # what this layer holds after the plan, for the previous layer's prefetch
+            in_cache = self.cached[layer]
+            in_cache[:] = held
+            in_cache[evict] = False
+            in_cache[cached] = True
         used = hits.copy()
         used[cached] = True
         self._touch(layer, np.flatnonzero(used))  # every expert the layer used, in ascending id order

@@ -63,12 +63,11 @@ def parse_tau(tau: object) -> int | str | None:
     return value
 
 
-def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: str) -> LayerPlan:
+def refresh_plan(now: np.ndarray, loads: np.ndarray, routed: np.ndarray, capacity: int, migration: str) -> LayerPlan:
     """A refresh: promote this step's top-B, demote only as many residents as needed
-    (bool `now` and int `loads` [E] as numpy). sync: copies land before the layer and the
-    promoted experts compute on the GPU; async: hits run on the GPU, everything else on
-    the CPU while the copies proceed."""
-    routed = loads > 0
+    (bool `now`, int `loads` and its bool `routed` [E] as numpy). sync: copies land before
+    the layer and the promoted experts compute on the GPU; async: hits run on the GPU,
+    everything else on the CPU while the copies proceed."""
     after = refreshed(now, loads, capacity)
     promote = np.flatnonzero(np.greater(after, now))
     demote = np.flatnonzero(np.greater(now, after))
@@ -163,7 +162,7 @@ class Tide(System):
         now = resident
         if not self.refreshing:
             return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
-        plan = refresh_plan(now, loads, self.capacity, self.migration)
+        plan = refresh_plan(now, loads, routed, self.capacity, self.migration)
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan
 

@@ -186,7 +186,7 @@ class TideAdaptive(System):
             self._observe(loads, now)
         if not self.refreshing:
             return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
-        plan = refresh_plan(now, loads, self.capacity, self.migration)
+        plan = refresh_plan(now, loads, routed, self.capacity, self.migration)
         self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
         return plan
 

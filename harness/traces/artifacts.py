@@ -149,8 +149,7 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
         raise HarnessError(f"system={cfg.system.name} learns from a calibration trace but calibration.prompts "
                            "is empty; list prompts under calibration.prompts")
     key = artifact_key(cfg, settings, prompts)
-    if backend != "cpu":
-        key = reference_key(key, backend)
+    key = reference_key(key, backend)  # the cpu backend's key is the artifact key itself
     path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
     trace = _cached_trace(path)
     if trace is None:
