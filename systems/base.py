@@ -51,8 +51,12 @@ class LayerPlan:
     (the oracle's hindsight bound): its cached sync fetches are counted as free copies, not
     charged, and a miss is a routed expert not resident after the moves.
 
-    The id lists default to empty tuples (a plan is built every layer of every forward): a
-    system that extends one after construction passes its own list.
+    Each of the six id fields holds expert ids (a sequence or an int array) or a numpy
+    bool mask [E] of them (ids in ascending order): a system that has the mask already
+    saves the conversion both ways, and the engine checks a mask in a few array operations
+    (`move_count` counts either form). The id fields default to empty tuples (a plan is
+    built every layer of every forward): a system that extends one after construction
+    passes its own list.
     """
 
     gpu: np.ndarray
@@ -68,11 +72,25 @@ class LayerPlan:
     free_moves: bool = False
 
     def with_lists(self) -> LayerPlan:
-        """This plan with each id list as a list of Python ints (for code that iterates them)."""
-        return replace(self, **{name: np.asarray(getattr(self, name), dtype=np.int64).tolist() for name in ID_LISTS})
+        """This plan with each id field as a list of Python ints (for code that iterates them)."""
+        return replace(self, **{name: move_ids(getattr(self, name)).tolist() for name in ID_LISTS})
 
 
 ID_LISTS = ("fetch_sync", "fetch_async", "scratch", "evict", "prefetch", "prefetch_evict")
+
+
+def _is_mask(items: Sequence[int] | np.ndarray) -> bool:
+    return isinstance(items, np.ndarray) and items.dtype == np.bool_
+
+
+def move_ids(items: Sequence[int] | np.ndarray) -> np.ndarray:
+    """A plan's id field as int64 ids (a mask's in ascending order)."""
+    return np.flatnonzero(items) if _is_mask(items) else np.asarray(items, dtype=np.int64).reshape(-1)
+
+
+def move_count(items: Sequence[int] | np.ndarray) -> int:
+    """How many experts a plan's id field names (ids or a bool mask)."""
+    return int(np.count_nonzero(items)) if _is_mask(items) else len(items)
 
 
 @dataclass

@@ -97,25 +97,33 @@ class MixtralOffload(System):
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         held = resident  # the engine's residency is the truth
-        routed = load > 0
-        hits = routed & held
-        misses = np.flatnonzero(np.greater(routed, held))  # ascending id: the order they load in
-        room = max(0, self.capacity - int(np.count_nonzero(hits)))  # slots once every unused expert is evicted
-        cached, scratch = misses[:room], misses[room:]
-        n_evict = int(np.count_nonzero(held)) + len(cached) - self.capacity
+        routed = load.astype(bool)  # loads are counts: routed where nonzero
+        miss = np.greater(routed, held)
+        n_miss = int(np.count_nonzero(miss))
+        # slots once every unused expert is evicted
+        room = max(0, self.capacity - (int(np.count_nonzero(routed)) - n_miss))
+        n_held = int(np.count_nonzero(held))
+        if n_miss <= room:  # every miss stays cached: the masks say it all, no id lists needed
+            fetch, cached, scratch, used = miss, miss, (), routed
+            n_cached = n_miss
+        else:
+            misses = np.flatnonzero(miss)  # ascending id: the order they load in
+            fetch, cached, scratch = misses, misses[:room], misses[room:]
+            n_cached = room
+            used = routed & held
+            used[cached] = True
+        n_evict = n_held + n_cached - self.capacity
         evict = self._least_recent(layer, np.flatnonzero(np.greater(held, routed)), n_evict)
         if self.prefetch:  # what this layer holds after the plan, for the previous layer's prefetch
             in_cache = self.cached[layer]
             in_cache[:] = held
             in_cache[evict] = False
             in_cache[cached] = True
-        used = hits.copy()
-        used[cached] = True
         self._touch(layer, np.flatnonzero(used))  # every expert the layer used, in ascending id order
         plan = LayerPlan(
             gpu=routed,
-            cpu=np.zeros_like(routed),
-            fetch_sync=misses,  # cached, then scratch: ascending id
+            cpu=np.zeros(len(routed), bool),
+            fetch_sync=fetch,  # cached, then scratch: ascending id
             scratch=scratch,
             evict=evict,
         )

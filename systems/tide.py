@@ -63,19 +63,22 @@ def parse_tau(tau: object) -> int | str | None:
     return value
 
 
-def refresh_plan(now: np.ndarray, loads: np.ndarray, routed: np.ndarray, capacity: int, migration: str) -> LayerPlan:
+def refresh_plan(now: np.ndarray, loads: np.ndarray, routed: np.ndarray, capacity: int, migration: str
+                 ) -> tuple[LayerPlan, int]:
     """A refresh: promote this step's top-B, demote only as many residents as needed
     (bool `now`, int `loads` and its bool `routed` [E] as numpy). sync: copies land before
     the layer and the promoted experts compute on the GPU; async: hits run on the GPU,
-    everything else on the CPU while the copies proceed."""
+    everything else on the CPU while the copies proceed. Returns the plan (its moves as
+    masks: ascending ids) and how many experts it promotes."""
     after = refreshed(now, loads, capacity)
-    promote = np.flatnonzero(np.greater(after, now))
-    demote = np.flatnonzero(np.greater(now, after))
+    promote = np.greater(after, now)
+    demote = np.greater(now, after)
     serving = after if migration == "sync" else now & after
     gpu, cpu = routed & serving, np.greater(routed, serving)
+    n_promoted = int(np.count_nonzero(promote))
     if migration == "sync":
-        return LayerPlan(gpu=gpu, cpu=cpu, fetch_sync=promote, evict=demote)
-    return LayerPlan(gpu=gpu, cpu=cpu, fetch_async=promote, evict=demote)
+        return LayerPlan(gpu=gpu, cpu=cpu, fetch_sync=promote, evict=demote), n_promoted
+    return LayerPlan(gpu=gpu, cpu=cpu, fetch_async=promote, evict=demote), n_promoted
 
 
 def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
@@ -162,8 +165,8 @@ class Tide(System):
         now = resident
         if not self.refreshing:
             return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
-        plan = refresh_plan(now, loads, routed, self.capacity, self.migration)
-        self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
+        plan, promoted = refresh_plan(now, loads, routed, self.capacity, self.migration)
+        self.migrated += promoted
         return plan
 
     def report(self) -> dict[str, Any]:
@@ -206,8 +209,11 @@ def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
     if capacity >= n_experts:
         return load > 0
     if load.ndim == 1 and load.dtype == np.int64:  # one layer, live: no overflow to fear at E <= 2**16
-        key = load * n_experts + _descending_ids(n_experts)
-        return key >= max(int(np.partition(key, n_experts - capacity)[n_experts - capacity]), n_experts)
+        key = load * n_experts
+        key += _descending_ids(n_experts)
+        part = key.copy()
+        part.partition(n_experts - capacity)  # the method: np.partition's wrapper costs as much again
+        return key >= max(int(part[n_experts - capacity]), n_experts)
     # one unique key per expert (load, then lower id first); the top-B keys are those at or
     # above the capacity-th largest, found by a partial sort; routed experts have keys >= E
     dtype = np.int64 if load.size and (int(load.max()) + 1) * n_experts >= 2**31 else np.int32

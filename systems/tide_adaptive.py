@@ -186,8 +186,8 @@ class TideAdaptive(System):
             self._observe(loads, now)
         if not self.refreshing:
             return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
-        plan = refresh_plan(now, loads, routed, self.capacity, self.migration)
-        self.migrated += len(plan.fetch_sync) + len(plan.fetch_async)
+        plan, promoted = refresh_plan(now, loads, routed, self.capacity, self.migration)
+        self.migrated += promoted
         return plan
 
     def _observe(self, loads: np.ndarray, now: np.ndarray) -> None:

@@ -3,6 +3,7 @@ plan, lossless execution, trace recording and live/replay agreement."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -14,7 +15,7 @@ from harness.core.engine import OffloadEngine, PlanError
 from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, LocalExperts, compute_routed_experts
 from harness.traces.trace import RoutingTrace
-from systems.base import LayerPlan, StepInfo, System
+from systems.base import ID_LISTS, LayerPlan, StepInfo, System
 from systems.registry import make_system
 
 E, B = 8, 2
@@ -83,6 +84,21 @@ def test_engine_rejects_a_plan_breaking_each_rule(rule: str) -> None:
         engine.plan_layer(0, LOAD)
     assert err.value.rule == rule
     assert "scripted" in str(err.value) and "layer 0" in str(err.value)
+
+
+def as_masks(plan: LayerPlan) -> LayerPlan:
+    """The same plan with each of its non-empty id fields as a bool mask [E]."""
+    return dataclasses.replace(plan, **{name: mask(*getattr(plan, name)) for name in ID_LISTS
+                                        if len(getattr(plan, name))})
+
+
+@pytest.mark.parametrize("rule", [r for r in BAD_PLANS if r not in ("shape", "bad-id", "duplicate")])
+def test_a_plan_with_mask_fields_breaks_the_same_rules(rule: str) -> None:
+    engine = engine_for(Scripted(lambda layer: as_masks(BAD_PLANS[rule]())))
+    engine.begin_step(STEP, 3, 3)
+    with pytest.raises(PlanError) as err:
+        engine.plan_layer(0, LOAD)
+    assert err.value.rule == rule
 
 
 def test_an_async_fetch_cannot_be_computed_on_the_gpu_in_the_same_plan() -> None:
@@ -260,8 +276,9 @@ def test_a_plan_with_torch_masks_is_refused_with_the_fix() -> None:
 
 @pytest.mark.parametrize(("ids", "rule"), [(np.array([2]), None), (np.array([-1]), "bad-id"),
                                            (np.array([2, 2]), "duplicate"), (np.array([2.0]), "bad-id"),
-                                           ([True], "bad-id")])
-def test_id_lists_may_be_arrays_and_are_checked_as_lists(ids, rule) -> None:
+                                           ([True], "bad-id"), (mask(2), None),
+                                           (np.zeros(E - 1, bool), "bad-id")])
+def test_id_lists_may_be_arrays_or_masks_and_are_checked_as_lists(ids, rule) -> None:
     plan = LayerPlan(gpu=mask(0, 2), cpu=mask(3), fetch_sync=ids, evict=np.array([1]))  # valid: fetch 2, evict 1
     engine = engine_for(Scripted(lambda layer: plan))
     engine.begin_step(STEP, 3, 3)

@@ -21,7 +21,7 @@ from harness.core.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
 from harness.traces.trace import RoutingTrace
-from systems.base import StepInfo
+from systems.base import StepInfo, move_count, move_ids
 from systems.fiddler import Fiddler
 from systems.oracle import best_gpu_set
 from systems.registry import SYSTEM_CONFIGS, SYSTEMS, make_system, system_from_config
@@ -82,7 +82,7 @@ def test_tide_moves_weights_only_at_refreshes_and_holds_the_top_b() -> None:
         load = torch.randint(0, 6, (8,), generator=gen)
         plan = eng.plan_layer(0, load)
         if s % 3:
-            assert not (len(plan.fetch_sync) or len(plan.evict) or len(plan.fetch_async))
+            assert not (move_count(plan.fetch_sync) or move_count(plan.evict) or move_count(plan.fetch_async))
         else:
             top2 = sorted(range(8), key=lambda e: (-int(load[e]), e))[:2]
             assert set(top2) <= eng.layer_resident(0)
@@ -99,12 +99,12 @@ def test_tide_demotes_only_as_many_as_needed_lowest_load_first() -> None:
         eng.prepare(None)  # initial residency {0, 1, 2, 3}
         eng.begin_step(step(1, 0, 0), 3, 3)
         plan = eng.plan_layer(0, load)
-        assert list(plan.evict) == [2]  # 2 and 3 are idle; one slot is needed; the lower id goes
+        assert move_ids(plan.evict).tolist() == [2]  # 2 and 3 are idle; one slot is needed; the lower id goes
         assert eng.layer_resident(0) == {0, 1, 3, 5}
         if migration == "sync":
-            assert list(plan.fetch_sync) == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1, 5]
+            assert move_ids(plan.fetch_sync).tolist() == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1, 5]
         else:
-            assert list(plan.fetch_async) == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1]
+            assert move_ids(plan.fetch_async).tolist() == [5] and np.flatnonzero(plan.gpu).tolist() == [0, 1]
             assert np.flatnonzero(plan.cpu).tolist() == [5]
 
 
@@ -186,7 +186,7 @@ def test_mixtral_prefetch_fills_the_next_layer_from_the_hint() -> None:
     assert plan.prefetch == [6] and plan.prefetch_evict == [0]
     assert eng.layer_resident(1) == {1, 6}
     plan1 = eng.plan_layer(1, loads(8, e6=2))
-    assert not len(plan1.fetch_sync)
+    assert not move_count(plan1.fetch_sync)
     eng.end_step()
     s = eng.summary()
     assert s["copies_async"] == 1 and s["missed_pairs"] == 0
@@ -336,10 +336,10 @@ def drive(
             assert not (plan.gpu & plan.cpu).any() and np.array_equal(plan.gpu | plan.cpu, routed.numpy())
             assert all(len(eng.layer_resident(lay)) <= cap for lay in range(geo.n_moe_layers))
             free = plan.free_moves
-            cached = len(plan.fetch_sync) - len(plan.scratch)
+            cached = move_count(plan.fetch_sync) - move_count(plan.scratch)
             expect["copies_sync"] += 0 if free else cached
-            expect["copies_scratch"] += len(plan.scratch)
-            expect["copies_async"] += len(plan.fetch_async) + len(getattr(plan, "prefetch", []))
+            expect["copies_scratch"] += move_count(plan.scratch)
+            expect["copies_async"] += move_count(plan.fetch_async) + move_count(plan.prefetch)
             expect["cpu_expert_tokens"] += int(load[torch.from_numpy(plan.cpu)].sum())
             missed_from = after if free else before
             expect["missed_pairs"] += sum(

@@ -21,7 +21,7 @@ from harness.core.engine import OffloadEngine
 from harness.errors import HarnessError
 from harness.model.config import LLaDA2Config
 from harness.traces.trace import RoutingTrace
-from systems.base import StepInfo
+from systems.base import StepInfo, move_count
 from systems.registry import make_system
 from systems.tide_adaptive import forward_regrets, layer_regret
 from tests.test_systems import drive, geometry, random_trace
@@ -125,7 +125,7 @@ def test_a_refresh_comes_when_the_accumulated_regret_pays_for_it(tokens: int) ->
     for s in range(1, 40):
         eng.begin_step(StepInfo(0, 1, s, s, False), 8, 8)
         plan = eng.plan_layer(0, load)
-        if len(plan.fetch_sync):
+        if move_count(plan.fetch_sync):
             refreshed.append(s)
     assert refreshed == [expected]
     assert (expected == 2) == (tokens == 100)  # a heavy expert is worth copying almost at once

@@ -60,6 +60,7 @@ __all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in h
 
 _NO_COPIES: tuple[tuple[int, int], ...] = ()  # a plan that issues no async copy
 _NAN = float("nan")
+_INT64 = np.dtype(np.int64)
 
 
 
@@ -70,8 +71,7 @@ class PendingLayer:
 
     layer: int
     plan: LayerPlan
-    load: torch.Tensor  # int64 [E] on the CPU: tokens routed to each expert
-    loads: np.ndarray  # the same, as numpy (a view)
+    loads: np.ndarray  # int64 [E]: tokens routed to each expert (a view of the load decide took)
     gpu: np.ndarray  # bool [E]: experts computed on the GPU (every other routed one: the CPU)
     missed: np.ndarray  # bool [E]: routed experts not resident when the layer started (free moves: after them)
     n_scratch: int
@@ -205,20 +205,22 @@ class OffloadEngine:
         return self.ledger.step_series()
 
     # ---- one MoE layer -----------------------------------------------------------------
-    def plan_layer(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> LayerPlan:
+    def plan_layer(self, layer: int, load: torch.Tensor | np.ndarray, hint: torch.Tensor | None = None
+                   ) -> LayerPlan:
         """Decide and account one layer (the replay API): `decide` then `account`."""
         plan, pending = self.decide(layer, load, hint)
         self.account(pending)
         return plan
 
     def decide(
-        self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None
+        self, layer: int, load: torch.Tensor | np.ndarray, hint: torch.Tensor | None = None
     ) -> tuple[LayerPlan, PendingLayer]:
         """The first half of a layer: record the trace, ask the system, check its plan and
-        move residency. Returns the plan and what `account` needs; call `account(pending)`
-        before deciding another layer (or ending the forward). `account` reads the load
-        again (a view of `load` when that already is an int64 CPU vector): leave it as it
-        is until then."""
+        move residency. `load`: the layer's tokens per expert, a torch tensor (the live
+        router's) or an int64 numpy vector (a replay's). Returns the plan and what `account`
+        needs; call `account(pending)` before deciding another layer (or ending the
+        forward). `account` reads the load again (a view of `load` when that already is an
+        int64 CPU vector): leave it as it is until then."""
         start = perf_counter()
         if self._step is None:
             raise RuntimeError("plan_layer/decide outside begin_step/end_step")
@@ -227,11 +229,14 @@ class OffloadEngine:
                 f"decide(layer {layer}) while layer {self._pending.layer} is decided but not accounted: "
                 "call account(pending) first"
             )
-        if not (load.is_cpu and load.dtype is torch.long and load.dim() == 1):
-            load = load.detach().to("cpu", torch.long).flatten()
-        loads = load.numpy()  # what systems and rules read: numpy, a view of the load
+        if type(load) is np.ndarray and load.dtype is _INT64 and load.ndim == 1:
+            loads = load  # a replay hands numpy rows: no torch at all
+        else:
+            if not (load.is_cpu and load.dtype is torch.long and load.dim() == 1):
+                load = load.detach().to("cpu", torch.long).flatten()
+            loads = load.numpy()  # what systems and rules read: numpy, a view of the load
         if self.trace is not None:
-            self.trace.record(layer, load, hint)
+            self.trace.record(layer, torch.from_numpy(loads), hint)
         system = self.system
         plan_start = perf_counter()
         plan = system.plan(layer, loads, hint if system.wants_hint else None, self._views[layer])
@@ -244,7 +249,7 @@ class OffloadEngine:
             self._check_total(layer)
         if plan.free_moves:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
             missed = np.greater(routed, self._held[layer])
-        pending = PendingLayer(layer, plan, load, loads, gpu, missed, moves.n_scratch, len(moves.cached),
+        pending = PendingLayer(layer, plan, loads, gpu, missed, moves.n_scratch, moves.n_cached,
                                async_targets, plan_s)
         self._pending = pending
         pending.engine_s = perf_counter() - start - plan_s
@@ -280,12 +285,17 @@ class OffloadEngine:
         as (layer, expert)."""
         held, counts = self._held, self._counts
         row = held[layer]
-        row[moves.evict] = False
-        row[moves.cached] = True
-        row[moves.fetch_async] = True
-        added = len(moves.cached) + len(moves.fetch_async) - len(moves.evict)
+        if moves.n_evict:
+            np.greater(row, moves.evict, out=row)
+        if moves.n_cached:
+            np.logical_or(row, moves.cached, out=row)
+        added = moves.n_cached - moves.n_evict
+        async_targets: list[tuple[int, int]] = []
+        if moves.n_async:
+            row[moves.fetch_async] = True
+            added += moves.n_async
+            async_targets = [(layer, e) for e in moves.fetch_async.tolist()]
         counts[layer] += added
-        async_targets = [(layer, e) for e in moves.fetch_async.tolist()]
         if len(moves.prefetch) or len(moves.prefetch_evict):
             held[layer + 1, moves.prefetch_evict] = False
             held[layer + 1, moves.prefetch] = True
@@ -316,7 +326,7 @@ class OffloadEngine:
         gpu_s = _NAN
         if self._multi:  # the GPUs run their experts concurrently: the slowest one counts
             assert plan.device is not None
-            gpu_s = self.topology.layer_time(self.cost, pending.load, plan.device)
+            gpu_s = self.topology.layer_time(self.cost, torch.from_numpy(pending.loads), plan.device)
         self.ledger.record_layer(
             pending.loads, pending.gpu, pending.missed, 0 if free else n_cached, n_scratch, n_cached if free else 0,
             len(pending.async_targets), self._landing_wait(pending), gpu_s,
@@ -375,11 +385,11 @@ class OffloadEngine:
         """Run the system over a recorded trace (no weights), layer by layer as a live run
         plans, with the tokens and context `RoutingTrace.forward_size` gives each forward.
         harness/traces/batch_replay.py replays systems that plan in batch faster, to the same bits."""
-        loads = trace.loads.to(torch.long)  # one conversion, not one per layer
+        loads = trace.loads.to(torch.long).numpy()  # one conversion, not one per layer
         top_k = self.geometry.num_experts_per_tok
         for s, step in enumerate(trace.steps):
             self.begin_step(step, *trace.forward_size(s, top_k))
-            rows = loads[s].unbind(0)
+            rows = loads[s]
             for layer in range(self.n_layers):
                 wants = self.system.wants_hint and layer + 1 < self.n_layers
                 self.plan_layer(layer, rows[layer], trace.hint(s, layer) if wants else None)

@@ -18,8 +18,10 @@ A system's initial residency holds, per MoE layer, at most B valid expert ids.
 Checking moves nothing: `PlanRules.check` reads the residency the engine hands it (bool
 masks [layers, E] and the count per layer) and returns what the engine needs to apply and
 charge the plan. It runs once per layer of every forward (between the router and the
-experts of a live run), so every rule is an array operation on the masks and on the id
-lists turned into arrays once; a plan that moves nothing skips the rules on moves.
+experts of a live run), so every rule is an array operation on masks: a plan's id field
+given as a bool mask [E] is used as it is (it cannot repeat or misname an expert), one
+given as ids is turned into a mask once, after the checks on ids; a plan that moves
+nothing skips the rules on moves.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from harness.core.topology import Topology
-from systems.base import LayerPlan
+from systems.base import ID_LISTS, LayerPlan, move_count, move_ids
 
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -40,17 +42,22 @@ _NONE = np.zeros(0, np.int64)
 
 
 class Moves(NamedTuple):
-    """A checked plan's residency moves, as int64 id arrays (what `OffloadEngine` applies)."""
+    """A checked plan's residency moves (what `OffloadEngine` applies): this layer's as
+    bool [E] masks with their sizes, the next layer's (prefetch) as int64 id arrays."""
 
     cached: np.ndarray  # sync fetches that stay resident (fetch_sync - scratch)
+    n_cached: int
     n_scratch: int
-    fetch_async: np.ndarray
+    fetch_async: np.ndarray  # int64 ids, in the order the copies are issued
+    n_async: int
     evict: np.ndarray
+    n_evict: int
     prefetch: np.ndarray  # into layer + 1
     prefetch_evict: np.ndarray  # from layer + 1
 
 
-NO_MOVES = Moves(_NONE, 0, _NONE, _NONE, _NONE, _NONE)
+_NO_MASK = np.zeros(0, bool)  # stands for an empty mask where only the size 0 is read
+NO_MOVES = Moves(_NO_MASK, 0, 0, _NONE, 0, _NO_MASK, 0, _NONE, _NONE)
 
 # What `PlanRules.check` returns for a valid plan: (gpu, routed, missed, moves); see there.
 CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, Moves]
@@ -109,6 +116,10 @@ class PlanRules:
         if not len(items):
             return _NONE, self._no_mask
         ids = items if type(items) is np.ndarray else np.asarray(items)
+        if ids.dtype is _BOOL:
+            if ids.shape != self._shape:
+                self._fail(layer, "bad-id", f"{name} is a bool mask of shape {ids.shape}: masks are [{self.n_experts}]")
+            return np.flatnonzero(ids), ids
         if ids.dtype.kind not in "iu" or ids.ndim != 1:
             if ids.size == 0:
                 return _NONE, self._no_mask
@@ -122,6 +133,16 @@ class PlanRules:
         if np.count_nonzero(mask) != len(ids):
             self._fail(layer, "duplicate", f"{name} lists an expert twice")
         return ids, mask
+
+    def _mask(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
+        """One of this layer's move lists as (bool [E] mask, its size): a bool mask as it
+        is (it cannot repeat an id), ids checked by `_id_array`."""
+        if type(items) is np.ndarray and items.dtype is _BOOL and items.shape == self._shape:
+            return items, int(np.count_nonzero(items))
+        if not len(items):
+            return self._no_mask, 0
+        ids, mask = self._id_array(layer, name, items)
+        return mask, len(ids)
 
     def check(self, layer: int, loads: np.ndarray, plan: LayerPlan, held_all: np.ndarray,
               counts: list[int]) -> CheckedPlan:
@@ -172,36 +193,39 @@ class PlanRules:
     def _check_moves(self, layer: int, plan: LayerPlan, held: np.ndarray, count: int, gpu: np.ndarray) -> Moves:
         """The rules on this layer's fetches and evictions (a plan that moves something),
         each a mask operation."""
-        sync, in_sync = self._id_array(layer, "fetch_sync", plan.fetch_sync)
+        in_sync, n_sync = self._mask(layer, "fetch_sync", plan.fetch_sync)
+        # async copies keep the plan's order: the ledger charges them in the order they are issued
         asyn, in_async = self._id_array(layer, "fetch_async", plan.fetch_async)
-        scratch, in_scratch = self._id_array(layer, "scratch", plan.scratch)
-        evict, in_evict = self._id_array(layer, "evict", plan.evict)
-        if len(evict) and _some(np.greater(in_evict, held)):
+        n_async = len(asyn)
+        in_scratch, n_scratch = self._mask(layer, "scratch", plan.scratch)
+        in_evict, n_evict = self._mask(layer, "evict", plan.evict)
+        if n_evict and _some(np.greater(in_evict, held)):
             self._fail(layer, "evict-not-resident", f"experts {_ids(np.greater(in_evict, held))[:5]}")
-        if len(asyn):
+        if n_async:
             if _some((in_sync | in_async) & held) or _some(in_sync & in_async):
                 twice = _ids((in_sync | in_async) & held | in_sync & in_async)
                 self._fail(layer, "fetch-resident", f"experts {twice[:5]} are already resident or fetched twice")
-        elif len(sync) and _some(in_sync & held):
+        elif n_sync and _some(in_sync & held):
             self._fail(layer, "fetch-resident", f"experts {_ids(in_sync & held)[:5]} are already resident")
-        if len(scratch) and _some(np.greater(in_scratch, in_sync)):
-            self._fail(layer, "scratch-not-sync",
-                       f"scratch experts {_ids(np.greater(in_scratch, in_sync))[:5]} not in fetch_sync")
-        if len(scratch) and _some(np.greater(in_scratch, gpu)):
-            self._fail(layer, "scratch-not-gpu",
-                       f"scratch experts {_ids(np.greater(in_scratch, gpu))[:5]} not computed on GPU")
-        if len(evict) and _some(in_evict & gpu):
+        if n_scratch:
+            if _some(np.greater(in_scratch, in_sync)):
+                self._fail(layer, "scratch-not-sync",
+                           f"scratch experts {_ids(np.greater(in_scratch, in_sync))[:5]} not in fetch_sync")
+            if _some(np.greater(in_scratch, gpu)):
+                self._fail(layer, "scratch-not-gpu",
+                           f"scratch experts {_ids(np.greater(in_scratch, gpu))[:5]} not computed on GPU")
+        if n_evict and _some(in_evict & gpu):
             self._fail(layer, "evicted-computed-on-gpu", f"experts {_ids(in_evict & gpu)[:5]}")
         # GPU experts not resident now must each be fetched sync (they are this layer's GPU misses)
-        not_resident = np.greater(gpu, held | in_sync)
+        not_resident = np.greater(gpu, held | in_sync) if n_sync else np.greater(gpu, held)
         if _some(not_resident):
             self._fail(layer, "gpu-not-resident", f"experts {_ids(not_resident)[:5]} neither resident nor fetched sync")
         # lists repeat no expert, evict is resident, scratch is sync and fetches are not resident (checked)
-        kept = count - len(evict) + len(sync) - len(scratch) + len(asyn)
+        kept = count - n_evict + n_sync - n_scratch + n_async
         if kept > self.capacity:
             self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
-        cached = np.flatnonzero(np.greater(in_sync, in_scratch)) if len(scratch) else sync
-        return Moves(cached, len(scratch), asyn, evict, _NONE, _NONE)
+        cached = np.greater(in_sync, in_scratch) if n_scratch else in_sync
+        return Moves(cached, n_sync - n_scratch, n_scratch, asyn, n_async, in_evict, n_evict, _NONE, _NONE)
 
     def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
         """The three rules on where the routed experts compute; called once one is broken."""
@@ -222,8 +246,7 @@ class PlanRules:
             self._fail(layer, "device", f"topology=multi needs plan.device, an int tensor [{E}]")
         if int(device.min()) < 0 or int(device.max()) >= G:
             self._fail(layer, "device", f"plan.device names GPUs outside 0..{G - 1}")
-        if (any_cpu or len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.evict) or len(plan.prefetch)
-                or len(plan.prefetch_evict) or len(plan.evict_elsewhere)):
+        if any_cpu or len(plan.evict_elsewhere) or any(move_count(getattr(plan, name)) for name in ID_LISTS):
             self._fail(layer, "multi-gpu-offload", "topology=multi keeps every expert resident: no CPU, no moves")
 
     def _check_elsewhere(self, layer: int, plan: LayerPlan, held_all: np.ndarray) -> None:
@@ -232,7 +255,7 @@ class PlanRules:
         pairs = plan.evict_elsewhere
         if len(set(pairs)) != len(pairs):
             self._fail(layer, "duplicate", "evict_elsewhere lists a (layer, expert) twice")
-        prefetched = set(np.asarray(plan.prefetch).tolist())
+        prefetched = set(move_ids(plan.prefetch).tolist())
         for other, e in pairs:
             if not (0 <= other < self.n_layers) or other == layer:
                 self._fail(layer, "evict-elsewhere-layer",
