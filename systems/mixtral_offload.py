@@ -33,6 +33,8 @@ import torch
 from harness.errors import HarnessError
 from systems.base import LayerPlan, PrepareContext, System
 
+_NO_IDS = np.zeros(0, np.int64)
+
 
 @dataclass
 class MixtralOffloadConfig:
@@ -86,12 +88,12 @@ class MixtralOffload(System):
     def _touch(self, layer: int, ids: np.ndarray) -> None:
         """Make `ids` the most recent experts of `layer`, the last one most recent."""
         clock = self.clock[layer]
-        self.stamp[layer, ids] = np.arange(clock, clock + len(ids))
+        self.stamp[layer][ids] = np.arange(clock, clock + len(ids))
         self.clock[layer] = clock + len(ids)
 
     def _least_recent(self, layer: int, candidates: np.ndarray, n: int) -> np.ndarray:
         """The `n` least recent of the expert ids `candidates`, least recent first."""
-        return candidates[np.argsort(self.stamp[layer, candidates])[:n]] if n > 0 else candidates[:0]
+        return candidates[self.stamp[layer][candidates].argsort()[:n]] if n > 0 else candidates[:0]
 
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
@@ -103,30 +105,28 @@ class MixtralOffload(System):
         # slots once every unused expert is evicted
         room = max(0, self.capacity - (int(np.count_nonzero(routed)) - n_miss))
         n_held = int(np.count_nonzero(held))
-        if n_miss <= room:  # every miss stays cached: the masks say it all, no id lists needed
-            fetch, cached, scratch, used = miss, miss, (), routed
+        if n_miss <= room:  # every miss stays cached
+            cached, scratch, used = miss, (), routed
             n_cached = n_miss
-        else:
-            misses = np.flatnonzero(miss)  # ascending id: the order they load in
-            fetch, cached, scratch = misses, misses[:room], misses[room:]
+        else:  # the first `room` misses by id stay cached, the rest are one-use copies
+            cached = np.flatnonzero(miss)[:room]
+            scratch = miss.copy()
+            scratch[cached] = False
+            used = np.greater(routed, scratch)
             n_cached = room
-            used = routed & held
-            used[cached] = True
         n_evict = n_held + n_cached - self.capacity
-        evict = self._least_recent(layer, np.flatnonzero(np.greater(held, routed)), n_evict)
+        evicted = np.zeros(len(routed), bool)  # moves as masks: the engine checks them without conversions
+        evict = _NO_IDS
+        if n_evict > 0:
+            evict = self._least_recent(layer, np.flatnonzero(np.greater(held, routed)), n_evict)
+            evicted[evict] = True
         if self.prefetch:  # what this layer holds after the plan, for the previous layer's prefetch
             in_cache = self.cached[layer]
             in_cache[:] = held
             in_cache[evict] = False
             in_cache[cached] = True
         self._touch(layer, np.flatnonzero(used))  # every expert the layer used, in ascending id order
-        plan = LayerPlan(
-            gpu=routed,
-            cpu=np.zeros(len(routed), bool),
-            fetch_sync=fetch,  # cached, then scratch: ascending id
-            scratch=scratch,
-            evict=evict,
-        )
+        plan = LayerPlan(gpu=routed, cpu=np.zeros(len(routed), bool), fetch_sync=miss, scratch=scratch, evict=evicted)
         if self.prefetch and hint is not None and layer + 1 < len(self.clock):
             plan.prefetch, plan.prefetch_evict = self._prefetch_next(layer + 1, hint)
         return plan

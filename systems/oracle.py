@@ -124,7 +124,7 @@ def _min_phi(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray, 
     first drops to it; both rows are searched, then checked with the same float
     operations as the dense phi, so the choice is the dense argmin's."""
     n_rows, n_cols = len(heavy_gpu), len(flat_gpu)
-    monotone = bool((np.diff(heavy_gpu) >= 0).all() and (np.diff(heavy_cpu) >= 0).all())
+    monotone = bool((heavy_gpu[1:] >= heavy_gpu[:-1]).all() and (heavy_cpu[1:] >= heavy_cpu[:-1]).all())
     if n_rows * n_cols <= DENSE_CELLS or not monotone:
         phi = np.maximum(flat_gpu[None, :] + heavy_gpu[:, None], cpu_rest[None, :] - heavy_cpu[:, None])
         row, col = divmod(int(phi.argmin()), n_cols)
@@ -182,9 +182,9 @@ def best_gpu_set(load: np.ndarray, capacity: int, cost: CostModel) -> tuple[list
     g1, c1 = cost.gpu_expert_time(1), cost.copy_time(1)
     flat = g == g1
     # flat experts heaviest first (ties to the lower id: ids ascend and the sort is stable)
-    order = np.argsort(-n[flat], kind="stable")
+    order = (-n[flat]).argsort(kind="stable")
     flat_ids = ids[flat][order]
-    cpu_saved_flat = np.concatenate([np.zeros(1), np.cumsum(h[flat][order])])
+    cpu_saved_flat = np.concatenate([np.zeros(1), h[flat][order].cumsum()])
     k = np.arange(len(flat_ids) + 1, dtype=np.float64)
     heavy_ids = ids[~flat]
     options, subset_of, exact = _heavy_options(n[~flat], g[~flat], h[~flat])
@@ -229,12 +229,10 @@ class Oracle(System):
         gpu = np.zeros(loads.shape[0], bool)
         gpu[chosen] = True
         held = self._held(loads, gpu, resident)
-        scratch = np.flatnonzero(np.greater(gpu, held))
+        scratch = np.greater(gpu, held)  # the moves as masks: the engine checks them without conversions
         return LayerPlan(
-            gpu=gpu, cpu=np.greater(routed, gpu), fetch_sync=np.concatenate([np.flatnonzero(np.greater(held, resident)),
-                                                                           scratch]),
-            scratch=scratch, evict=np.flatnonzero(np.greater(resident, held)),
-            free_moves=True,  # hindsight: the engine charges no residency move
+            gpu=gpu, cpu=np.greater(routed, gpu), fetch_sync=np.greater(held, resident) | scratch, scratch=scratch,
+            evict=np.greater(resident, held), free_moves=True,  # hindsight: the engine charges no residency move
         )
 
     def _held(self, loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray) -> np.ndarray:
@@ -243,10 +241,10 @@ class Oracle(System):
         then G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so
         the GPU holds this step's top-B when G is heaviest-first (ties to the lower id)."""
         routed = np.flatnonzero(loads)
-        by_load = routed[np.argsort(-loads[routed], kind="stable")]
+        by_load = routed[(-loads[routed]).argsort(kind="stable")]
         rank = np.where(gpu[by_load], np.where(resident[by_load], 0, 1), 2)
         held = np.zeros(loads.shape[0], bool)
-        held[by_load[np.argsort(rank, kind="stable")[: self.capacity]]] = True
+        held[by_load[rank.argsort(kind="stable")[: self.capacity]]] = True
         return held
 
     def report(self) -> dict[str, object]:

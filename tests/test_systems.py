@@ -162,10 +162,10 @@ def test_fiddler_needs_calibration() -> None:
 # ---- mixtral_offload -------------------------------------------------------------------
 def test_mixtral_lru_order_eviction_and_scratch() -> None:
     eng = engine("mixtral_offload", {}, geometry(1, 8), 3)
-    expected = [  # (load, evict, fetch_sync, scratch, resident after)
+    expected = [  # (load, evict (the least recent; listed by id), fetch_sync, scratch, resident after)
         (loads(8, e3=1), [0], [3], [], {1, 2, 3}),
         (loads(8, e1=1, e4=1), [2], [4], [], {1, 3, 4}),  # 1 refreshed: 2 is now least recent
-        (loads(8, e5=1, e6=1), [3, 1], [5, 6], [], {4, 5, 6}),
+        (loads(8, e5=1, e6=1), [1, 3], [5, 6], [], {4, 5, 6}),
         (loads(8, e0=1, e1=1, e2=1, e3=1), [4, 5, 6], [0, 1, 2, 3], [3], {0, 1, 2}),
     ]
     for g, (load, evict, fetch, scratch, after) in enumerate(expected):
