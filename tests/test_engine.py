@@ -291,6 +291,22 @@ def test_id_lists_may_be_arrays_or_masks_and_are_checked_as_lists(ids, rule) -> 
         assert err.value.rule == rule
 
 
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_a_system_reads_the_load_but_cannot_change_it(as_numpy: bool) -> None:
+    def meddling(layer: int, load: np.ndarray, hint: object, resident: np.ndarray) -> LayerPlan:
+        load[1] = 5  # the ledger records the load after the plan: a change would falsify it
+        return LayerPlan(gpu=mask(0), cpu=mask(2, 3))
+
+    system = Scripted(lambda layer: LayerPlan(gpu=mask(0), cpu=mask(2, 3)))
+    system.plan = meddling  # type: ignore[method-assign]
+    engine = engine_for(system)
+    engine.begin_step(STEP, 3, 3)
+    load = LOAD.numpy().copy() if as_numpy else LOAD.clone()  # writable: the engine hands on a read-only view
+    with pytest.raises(ValueError, match="read-only"):
+        engine.plan_layer(0, load)
+    assert int(load[1]) == 0
+
+
 def test_a_system_reads_its_residency_but_cannot_change_it() -> None:
     def meddling(layer: int, load: np.ndarray, hint: object, resident: np.ndarray) -> LayerPlan:
         resident[5] = True  # a system must not move residency behind the engine's back

@@ -230,13 +230,17 @@ class OffloadEngine:
                 "call account(pending) first"
             )
         if type(load) is np.ndarray and load.dtype is _INT64 and load.ndim == 1:
-            loads = load  # a replay hands numpy rows: no torch at all
+            loads = load  # a replay hands numpy rows (read-only): no torch at all
+            if loads.flags.writeable:
+                loads = load.view()
+                loads.flags.writeable = False
         else:
             if not (load.is_cpu and load.dtype is torch.long and load.dim() == 1):
                 load = load.detach().to("cpu", torch.long).flatten()
             loads = load.numpy()  # what systems and rules read: numpy, a view of the load
+            loads.flags.writeable = False  # a system reads the load; the ledger records it after the plan
         if self.trace is not None:
-            self.trace.record(layer, torch.from_numpy(loads), hint)
+            self.trace.record(layer, load if type(load) is torch.Tensor else torch.from_numpy(loads.copy()), hint)
         system = self.system
         plan_start = perf_counter()
         plan = system.plan(layer, loads, hint if system.wants_hint else None, self._views[layer])
@@ -326,7 +330,7 @@ class OffloadEngine:
         gpu_s = _NAN
         if self._multi:  # the GPUs run their experts concurrently: the slowest one counts
             assert plan.device is not None
-            gpu_s = self.topology.layer_time(self.cost, torch.from_numpy(pending.loads), plan.device)
+            gpu_s = self.topology.layer_time(self.cost, torch.from_numpy(pending.loads.copy()), plan.device)
         self.ledger.record_layer(
             pending.loads, pending.gpu, pending.missed, 0 if free else n_cached, n_scratch, n_cached if free else 0,
             len(pending.async_targets), self._landing_wait(pending), gpu_s,
@@ -386,6 +390,7 @@ class OffloadEngine:
         plans, with the tokens and context `RoutingTrace.forward_size` gives each forward.
         harness/traces/batch_replay.py replays systems that plan in batch faster, to the same bits."""
         loads = trace.loads.to(torch.long).numpy()  # one conversion, not one per layer
+        loads.flags.writeable = False  # as live: systems read the loads, never change them
         top_k = self.geometry.num_experts_per_tok
         for s, step in enumerate(trace.steps):
             self.begin_step(step, *trace.forward_size(s, top_k))
