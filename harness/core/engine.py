@@ -28,9 +28,11 @@ pair is a routed token-expert pair whose expert was not resident when the layer 
 (free moves, the oracle's: after them); io_bytes counts every charged host->GPU copy.
 
 Speed: the bookkeeping runs once per layer of every forward, between the router and the
-experts, so it touches torch once (the load's numpy view) and then works on numpy: a bool
-[layers, E] residency (systems read their row through a read-only view), plans of masks
-and id arrays, and a ledger that charges a batch of forwards in a few array passes.
+experts, so it touches torch at most once (the live load's numpy view; a replay hands numpy
+rows) and then works on numpy: a bool [layers, E] residency (systems read their row
+through a read-only view, and the load read-only too), plans of masks (moves as masks or
+ids; masks cost the checks least), and a ledger that charges a batch of forwards in a few
+array passes.
 
 Lossless: `run_experts` computes every routed expert with one call of
 `compute_routed_experts` in canonical order, so on one device every placement gives the

@@ -153,7 +153,7 @@ class PlanRules:
 
         Returns, for a valid plan: the experts computed on the GPU, the routed experts and
         the routed experts not resident before the plan (bool [E] masks; every routed
-        expert not on the GPU computes on the CPU) and the plan's moves as id arrays."""
+        expert not on the GPU computes on the CPU) and the plan's moves (`Moves`)."""
         gpu, cpu = plan.gpu, plan.cpu
         if not (type(gpu) is np.ndarray and type(cpu) is np.ndarray and gpu.dtype is _BOOL and cpu.dtype is _BOOL
                 and gpu.shape == self._shape and cpu.shape == self._shape and loads.shape == self._shape):
