@@ -18,6 +18,7 @@ from harness.decode.decoding import DecodeSettings, decode
 from harness.errors import HarnessError, exit_with
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.llada2 import KVCache
+from harness.training.context_use import describe_context_use
 from harness.training.store import describe, ensure_weights, trained_dir
 
 ALLOWED = {"model", "seed", "cache_dir", "sample"}
@@ -66,6 +67,8 @@ def main(argv: list[str]) -> int:
               f"digest {info['corpus']['digest']}; {info['tokens_seen']:,} tokens seen in {info['settings']['steps']} "
               f"steps; loss {info['loss_first_10pct']:.2f} (first 10%) -> {info['loss_last_10pct']:.2f} (last 10%); "
               f"training wall {info['wall_s']:.0f} s")
+        if "masked_ce_by_ratio" in info:  # older training.json files lack it
+            print(f"  {describe_context_use(info['masked_ce_by_ratio'])}")
     if args.get("sample", "true").lower() != "false":
         print(f"  prompt: {SAMPLE_PROMPT!r}\n  output: {sample_text(directory)!r}")
     return 0

@@ -12,12 +12,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
 from harness.errors import HarnessError
 from harness.model.checkpoint import from_pretrained, index_checkpoint
 from harness.model.llada2 import route
 from harness.training.balance import apply_balance, balance_update
+from harness.training.context_use import MASK_RATIOS, describe_context_use, masked_ce_by_ratio
 from harness.training.corpus import build_corpus
 from harness.training.loop import TrainSettings, learning_rate
 from harness.training.objective import NoisyBatch, diffusion_loss, mask_last_block
@@ -151,6 +153,47 @@ def trained_tiny(tmp_path_factory) -> Path:
     return directory
 
 
+# ---- does a model use its context? -------------------------------------------------------
+V, MASK = 16, 15
+
+
+def _runs_stream() -> torch.Tensor:
+    """Runs of 64 equal tokens: every token equals its neighbours inside a run."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, MASK, (100,), generator=g).repeat_interleave(64)
+
+
+def _copy_left_neighbour(block: int):
+    """Logits of the last block that put the left neighbour's token first where it is
+    visible, and are uniform where it is masked: a model that reads its context."""
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        left = ids[:, -block - 1:-1]
+        out = torch.zeros(ids.shape[0], block, V)
+        visible = left != MASK
+        out[visible] = 10.0 * F.one_hot(left[visible], V).float()
+        return out
+    return logits
+
+
+def test_masked_ce_by_ratio_falls_with_the_ratio_for_a_model_that_reads_its_context():
+    ce = masked_ce_by_ratio(_copy_left_neighbour(8), _runs_stream(), 8, MASK, rows=32)
+    assert list(ce) == [f"{t:g}" for t in MASK_RATIOS]
+    values = list(ce.values())
+    # t=1: only the first position's left neighbour (in the clean context block) is visible
+    assert values[0] < 1.0 and values[-1] > 7 / 8 * math.log(V) - 0.01
+    assert values == sorted(values)  # fewer visible neighbours, worse predictions
+    assert "context lowers it" in describe_context_use(ce)
+    assert ce == masked_ce_by_ratio(_copy_left_neighbour(8), _runs_stream(), 8, MASK, rows=32)  # seeded
+
+
+def test_masked_ce_by_ratio_is_flat_for_a_model_that_ignores_its_context():
+    def uniform(ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(ids.shape[0], 8, V)
+    ce = masked_ce_by_ratio(uniform, _runs_stream(), 8, MASK, rows=32)
+    assert all(abs(v - math.log(V)) < 1e-5 for v in ce.values())
+    assert "flat" in describe_context_use(ce)
+
+
 @pytest.mark.slow  # trains tiny (the fixture, once per module)
 def test_training_loss_falls_on_tiny(trained_tiny):
     history = pd.read_csv(trained_tiny / "train_loss.csv")
@@ -159,6 +202,8 @@ def test_training_loss_falls_on_tiny(trained_tiny):
     assert history["loss"].tail(tenth).mean() < history["loss"].head(tenth).mean()
     manifest = json.loads((trained_tiny / "training.json").read_text())
     assert manifest["settings"] == FAST.as_dict() and manifest["corpus"]["files"]
+    ce = manifest["masked_ce_by_ratio"]
+    assert list(ce) == [f"{t:g}" for t in MASK_RATIOS] and all(0 < v < 2 * math.log(512) for v in ce.values())
     assert (trained_tiny / "train_loss.png").exists()
 
 

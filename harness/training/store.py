@@ -33,6 +33,7 @@ from harness.model.proxy import (
 )
 from harness.results import fingerprint, write_json_atomic
 from harness.training.balance import apply_balance, imbalance
+from harness.training.context_use import masked_ce_by_ratio
 from harness.training.corpus import Corpus, stdlib_corpus
 from harness.training.forward import batched_forward
 from harness.training.loop import TrainSettings, train, write_history
@@ -54,7 +55,8 @@ TRAIN_SETTINGS: dict[str, TrainSettings] = {
 CALIBRATION_STEPS = {"tiny": 20, "mini": 40, "flash": 40}
 CALIBRATION_TOKENS = 512
 CALIBRATION_RATES = (2e-2, 2e-3)
-# the code whose change makes a trained proxy stale, relative to harness/
+# the code whose change makes a trained proxy stale, relative to harness/ (not
+# training/context_use.py: it only measures the trained model for training.json)
 TRAINING_SOURCES = ("training/balance.py", "training/corpus.py", "training/forward.py", "training/loop.py",
                     "training/objective.py", "training/store.py", "model/llada2.py", "model/proxy.py",
                     "model/config.py")
@@ -196,6 +198,9 @@ def train_proxy(name: str, seed: int, directory: Path, settings: TrainSettings |
     model = LLaDA2Model(cfg)
     init_for_training(model, seed)
     history = train(model, stream, settings, seed, desc=f"train {name}")
+    block = settings.block_length
+    context_use = masked_ce_by_ratio(lambda ids: batched_forward(model, ids, block, last=block), stream, block,
+                                     cfg.mask_token_id)
     write_checkpoint(model, directory, tokenizer)
     write_history(history, directory)
     tenth = max(1, len(history) // 10)
@@ -206,6 +211,7 @@ def train_proxy(name: str, seed: int, directory: Path, settings: TrainSettings |
         "loss_first_10pct": sum(r["loss"] for r in history[:tenth]) / tenth,
         "loss_last_10pct": sum(r["loss"] for r in history[-tenth:]) / tenth,
         "final_imbalance": history[-1]["imbalance"] if history else None,
+        "masked_ce_by_ratio": context_use,  # on corpus windows: does the model read its context?
     }
     write_json_atomic(directory / "training.json", manifest)
 
