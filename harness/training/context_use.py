@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from harness.training.objective import sample_windows
 
-MASK_RATIOS = (0.05, 0.25, 0.5, 0.75, 1.0)
-EVAL_ROWS = 64
+MASK_RATIOS = (0.1, 0.5, 1.0)
+EVAL_ROWS = 128  # about 9 s on one core for the 20-layer mini; at t = 0.1 the standard error is ~0.15 nats
 EVAL_SEED = 123  # fixed: the same windows and masks for every model of a stream
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # ids [B, S] -> logits [B, block, V] of the last block
@@ -28,15 +28,17 @@ def masked_ce_by_ratio(logits_of_last_block: LogitsFn, stream: torch.Tensor, blo
                        ratios: tuple[float, ...] = MASK_RATIOS, rows: int = EVAL_ROWS, seed: int = EVAL_SEED
                        ) -> dict[str, float]:
     """{ratio: mean CE over the masked positions} on `rows` windows of the stream, each one
-    clean block of context and one block masked with probability t per token (at least one
-    per row). The ratios are keys as strings so the result goes into JSON as it is."""
+    clean block of context and one block with max(1, round(t x block)) positions masked at
+    random (an exact count: the low ratios keep enough targets). The ratios are keys as
+    strings so the result goes into JSON as it is."""
     gen = torch.Generator().manual_seed(seed)
     clean = sample_windows(stream, rows, 2 * block_length, gen)
     out: dict[str, float] = {}
     with torch.no_grad():
         for t in ratios:
-            masked = torch.rand(rows, block_length, generator=gen) < t
-            masked[torch.arange(rows), torch.randint(0, block_length, (rows,), generator=gen)] = True
+            n_masked = max(1, round(t * block_length))
+            order = torch.rand(rows, block_length, generator=gen).argsort(dim=1)
+            masked = order < n_masked  # n_masked positions per row, uniformly at random
             targets = clean[:, block_length:]
             ids = clean.clone()
             ids[:, block_length:] = torch.where(masked, torch.full_like(targets, mask_id), targets)
@@ -50,6 +52,6 @@ def describe_context_use(ce: dict[str, float]) -> str:
     figures = ", ".join(f"t={t}: {v:.2f}" for t, v in ce.items())
     values = list(ce.values())
     gain = values[-1] - values[0]
-    verdict = (f"context lowers it by {gain:.2f} nats" if gain > 0.1
+    verdict = (f"context lowers it by {gain:.2f} nats" if gain > 0.3  # above the noise of EVAL_ROWS
                else "flat: the model barely uses its context (it predicts token frequencies)")
     return f"masked CE by mask ratio {figures} ({verdict})"
