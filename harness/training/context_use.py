@@ -53,5 +53,5 @@ def describe_context_use(ce: dict[str, float]) -> str:
     values = list(ce.values())
     gain = values[-1] - values[0]
     verdict = (f"context lowers it by {gain:.2f} nats" if gain > 0.3  # above the noise of EVAL_ROWS
-               else "flat: the model barely uses its context (it predicts token frequencies)")
+               else "flat: the model barely uses its context and predicts token frequencies")
     return f"masked CE by mask ratio {figures} ({verdict})"
