@@ -1,10 +1,13 @@
-"""Train a proxy checkpoint: `python -m harness.train model=<tiny|mini|flash> [seed=0] [cache_dir=DIR]`.
+"""Train a proxy checkpoint:
+`python -m harness.train model=<tiny|mini|flash> [recipe=cpu|gpu] [seed=0] [cache_dir=DIR]`.
 
 Trains the proxy geometry as a masked-diffusion LM on the interpreter's stdlib sources
 (harness/training), with a progress bar, and writes the checkpoint in the HF layout with
 train_loss.csv, train_loss.png and training.json into the cache; a cached checkpoint is
 reused. Then decodes one coding prompt with it, so the output can be eyeballed.
-`python -m harness model=mini` does the same training on first use (model.weights=trained).
+`python -m harness model=mini model.weights=trained` does the same training on first use.
+recipe=gpu trains on CUDA with a hundred times the tokens (harness/training/store.py:
+GPU_TRAIN_SETTINGS) into its own directory; use it with `model.path=<that directory>`.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from harness.errors import HarnessError, exit_with
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.llada2 import KVCache
 from harness.training.context_use import describe_context_use
-from harness.training.store import describe, ensure_weights, trained_dir
+from harness.training.store import describe, ensure_trained, recipe, trained_dir
 
-ALLOWED = {"model", "seed", "cache_dir", "sample"}
+ALLOWED = {"model", "recipe", "seed", "cache_dir", "sample"}
 SAMPLE_PROMPT = "Write a Python function that returns the sum of the squares of a list of numbers."
 
 
@@ -30,8 +33,8 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or key not in ALLOWED:
-            raise HarnessError(f"argument {arg!r} is not one of model=<tiny|mini|flash>, seed=<int>, "
-                               "cache_dir=<dir>, sample=<true|false>")
+            raise HarnessError(f"argument {arg!r} is not one of model=<tiny|mini|flash>, recipe=<cpu|gpu>, "
+                               "seed=<int>, cache_dir=<dir>, sample=<true|false>")
         args[key] = value
     if "model" not in args:
         raise HarnessError("missing model=<tiny|mini|flash>")
@@ -55,13 +58,15 @@ def main(argv: list[str]) -> int:
     except ValueError:
         raise HarnessError(f"seed={args['seed']!r} must be an integer") from None
     cache = Path(args.get("cache_dir", os.environ.get("HARNESS_CACHE", "outputs/cache"))) / "proxies"
-    directory = trained_dir(args["model"], cache, seed)
+    kind = args.get("recipe", "cpu")
+    recipe(args["model"], kind)  # a bad name or no CUDA for recipe=gpu: one line, before anything is built
+    directory = trained_dir(args["model"], cache, seed, kind)
     cached = (directory / "PROXY_COMPLETE").exists()
     start = time.perf_counter()
-    directory = ensure_weights(args["model"], cache, seed, "trained")
+    directory = ensure_trained(args["model"], cache, seed, kind)
     info = describe(directory)
     state = "cached" if cached else f"trained in {time.perf_counter() - start:.0f} s"
-    print(f"{args['model']} trained proxy ({state}): {directory}")
+    print(f"{args['model']} trained proxy, recipe {kind} ({state}): {directory}")
     if info:
         print(f"  corpus {len(info['corpus']['files'])} stdlib files, {info['corpus']['bytes'] / 1e6:.1f} MB, "
               f"digest {info['corpus']['digest']}; {info['tokens_seen']:,} tokens seen in {info['settings']['steps']} "

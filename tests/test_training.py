@@ -23,7 +23,15 @@ from harness.training.context_use import MASK_RATIOS, describe_context_use, mask
 from harness.training.corpus import build_corpus
 from harness.training.loop import TrainSettings, learning_rate
 from harness.training.objective import NoisyBatch, diffusion_loss, mask_last_block
-from harness.training.store import TRAIN_SETTINGS, check_kind, train_proxy, training_key
+from harness.training.store import (
+    TRAIN_SETTINGS,
+    check_kind,
+    recipe,
+    train_proxy,
+    trained_dir,
+    training_key,
+    weights_at,
+)
 
 FAST = TrainSettings(steps=20, tokens_per_step=256, max_context_blocks=1, warmup_steps=2, lr=1e-2,
                      balance_rate=5e-3, corpus_bytes=1_000_000)
@@ -118,8 +126,32 @@ def test_cache_key_changes_with_corpus_settings_seed_and_code():
         training_key(geometry, "corpus-a", TRAIN_SETTINGS["tiny"], 1, "code-a"),
         training_key(geometry, "corpus-a", TRAIN_SETTINGS["tiny"], 0, "code-b"),
         training_key({"num_experts": 128}, "corpus-a", TRAIN_SETTINGS["tiny"], 0, "code-a"),
+        training_key(geometry, "corpus-a", TRAIN_SETTINGS["tiny"], 0, "code-a", device="cuda"),
     ]
     assert len({base, *others}) == 1 + len(others)
+
+
+def test_gpu_recipe_has_its_own_directory_and_needs_cuda(tmp_path, monkeypatch):
+    cpu_dir, gpu_dir = trained_dir("tiny", tmp_path, 0, "cpu"), trained_dir("tiny", tmp_path, 0, "gpu")
+    assert cpu_dir != gpu_dir and gpu_dir.name.startswith("trained-tiny-gpu-seed0-")
+    assert recipe("tiny", "cpu") == (TRAIN_SETTINGS["tiny"], "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(HarnessError, match="recipe=gpu trains on CUDA") as err:
+        recipe("mini", "gpu")
+    assert "\n" not in str(err.value)
+    with pytest.raises(HarnessError, match="recipe='tpu' is not one of cpu, gpu"):
+        recipe("mini", "tpu")
+    with pytest.raises(HarnessError, match="unknown proxy"):
+        recipe("huge", "cpu")
+
+
+def test_a_checkpoint_named_by_path_reports_what_it_is(tmp_path):
+    for marker, expected in (("training.json", "trained-proxy"), ("balance.json", "random-proxy"), (None, "real")):
+        directory = tmp_path / str(marker)
+        directory.mkdir()
+        if marker:
+            (directory / marker).write_text("{}")
+        assert weights_at(directory) == expected
 
 
 def test_corpus_leaves_out_prompt_holders_and_digests_contents(tmp_path):
@@ -221,6 +253,19 @@ def test_trained_tiny_reloads_bit_identically(trained_tiny):
     ids = torch.arange(8)
     again = from_pretrained(trained_tiny)
     assert torch.equal(model(ids, ids, 4), again(ids, ids, 4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
+def test_tiny_trains_on_cuda_and_reloads_on_the_host(tmp_path):
+    directory = tmp_path / "trained-tiny-cuda"
+    train_proxy("tiny", 0, directory, FAST, device="cuda")
+    history = pd.read_csv(directory / "train_loss.csv")
+    tenth = max(1, len(history) // 10)
+    assert history["loss"].tail(tenth).mean() < history["loss"].head(tenth).mean()
+    assert json.loads((directory / "training.json").read_text())["device"] != "cpu"
+    model = from_pretrained(directory)
+    assert next(model.parameters()).device.type == "cpu"
 
 
 def test_random_proxy_bias_is_calibrated_towards_balance(tiny_dir):

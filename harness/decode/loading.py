@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from harness.model import LLaDA2Config, LLaDA2Model, nominal_geometry
 from harness.model.checkpoint import from_pretrained, load_tokenizer
-from harness.training.store import RESULT_WEIGHTS, ensure_weights
+from harness.training.store import RESULT_WEIGHTS, ensure_weights, weights_at
 
 if TYPE_CHECKING:
     from harness.cli.config_parts import ModelConfig
@@ -29,7 +29,8 @@ def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
     """Real weights from model.path, or the cached proxy of the same model name and
     `model.weights` kind (trained or balanced random; built on first use)."""
     if model_cfg.path is not None:
-        path, weights = Path(model_cfg.path), "real"
+        path = Path(model_cfg.path)
+        weights = weights_at(path)  # a proxy directory (recipe=gpu, an experiment) says what it is
     else:
         kind = model_cfg.weights
         path = ensure_weights(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed, kind)

@@ -43,7 +43,7 @@ from harness.errors import HarnessError
 from harness.hybrid.wiring import all_gpu_engine, reference_key
 from harness.results import fingerprint
 from harness.traces.trace import RoutingTrace, derive_no_cache
-from harness.training.store import RESULT_WEIGHTS, weights_dir
+from harness.training.store import RESULT_WEIGHTS, weights_at, weights_dir
 
 if TYPE_CHECKING:
     from harness.cli.config import HarnessConfig
@@ -94,7 +94,8 @@ def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
     identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint()}
     if cfg.model.path is not None:
         checkpoint = Path(cfg.model.path).resolve()
-        identity.update(weights="real", checkpoint=str(checkpoint), checkpoint_files=checkpoint_files(checkpoint))
+        identity.update(weights=weights_at(checkpoint), checkpoint=str(checkpoint),
+                        checkpoint_files=checkpoint_files(checkpoint))
     else:  # a proxy is rebuilt from its seed (and corpus) by the code fingerprinted above
         kind = cfg.model.weights
         checkpoint = weights_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed, kind)

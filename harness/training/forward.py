@@ -78,12 +78,13 @@ def grouped_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
     order = torch.argsort(flat, stable=True)
     sorted_e = flat[order]
     counts = torch.bincount(flat, minlength=gate_up.shape[0])
-    rank = torch.arange(n * k) - (torch.cumsum(counts, 0) - counts)[sorted_e]  # row's place in its expert
+    dev = idx.device
+    rank = torch.arange(n * k, device=dev) - (torch.cumsum(counts, 0) - counts)[sorted_e]  # place in its expert
     by_load = torch.argsort(counts, descending=True, stable=True)
     local = torch.empty_like(counts)
-    local[by_load] = torch.arange(len(by_load)) % GROUP  # expert's place in its group
+    local[by_load] = torch.arange(len(by_load), device=dev) % GROUP  # expert's place in its group
     group = torch.empty_like(counts)
-    group[by_load] = torch.arange(len(by_load)) // GROUP
+    group[by_load] = torch.arange(len(by_load), device=dev) // GROUP
     row_group = group[sorted_e]
     picked, outputs = [], []
     for g in range(int(row_group.max()) + 1):
@@ -123,11 +124,13 @@ def batched_forward(model: torch.nn.Module, ids: torch.Tensor, block_length: int
                     loads: list[torch.Tensor] | None = None, last: int | None = None,
                     stacks: list[ExpertStack] | None = None) -> torch.Tensor:
     """ids [B, S] (every row starts at position 0) -> logits [B, S, V] (fp32); with `last`,
-    only the logits of the last `last` positions (the loss needs only the noisy block's)."""
+    only the logits of the last `last` positions (the loss needs only the noisy block's).
+    Runs on the device of `ids` (the model's)."""
     cfg = model.config
-    positions = torch.arange(ids.shape[1])
-    rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta)
-    mask = block_causal_mask(positions, positions, block_length)
+    positions = torch.arange(ids.shape[1])  # the rope and the mask are built on the host, as inference does
+    cos, sin = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta)
+    rope = (cos.to(ids.device), sin.to(ids.device))
+    mask = block_causal_mask(positions, positions, block_length).to(ids.device)
     h = model.model.word_embeddings(ids)
     for layer in model.model.layers:
         h = h + attention(layer, layer.input_layernorm(h), rope, mask)

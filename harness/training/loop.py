@@ -54,7 +54,10 @@ def make_optimizer(params: list[torch.nn.Parameter], s: TrainSettings) -> torch.
 
 def train(model: LLaDA2Model, stream: torch.Tensor, s: TrainSettings, seed: int, desc: str = "train"
           ) -> list[dict]:
-    """Train in place; returns one row per step (loss, accuracy, lr, load imbalance)."""
+    """Train in place, on the device the model is on (batches are drawn on the host by a
+    seeded generator, then moved); returns one row per step (loss, accuracy, lr, load
+    imbalance)."""
+    device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     mask_id = model.config.mask_token_id
     routers = [m.gate for m in model.moe_layers()]
@@ -71,7 +74,7 @@ def train(model: LLaDA2Model, stream: torch.Tensor, s: TrainSettings, seed: int,
         blocks = 1 + int(torch.randint(0, s.max_context_blocks + 1, (1,), generator=gen))
         length = blocks * s.block_length
         rows = max(1, s.tokens_per_step // length)
-        batch = mask_last_block(sample_windows(stream, rows, length, gen), s.block_length, mask_id, gen)
+        batch = mask_last_block(sample_windows(stream, rows, length, gen), s.block_length, mask_id, gen).to(device)
         lr = learning_rate(step, s)
         for group in opt.param_groups:
             group["lr"] = lr

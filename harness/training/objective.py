@@ -25,6 +25,10 @@ class NoisyBatch:
     masked: torch.Tensor  # bool [B, S]: masked positions (only in the last block)
     t: torch.Tensor  # [B] the mask ratio of each row
 
+    def to(self, device: torch.device | str) -> NoisyBatch:
+        """The batch on `device` (drawn on the host, where the seeded generator lives)."""
+        return NoisyBatch(self.ids.to(device), self.targets.to(device), self.masked.to(device), self.t.to(device))
+
 
 def sample_windows(stream: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
     """`batch` windows of `length` tokens at uniform random offsets of the token stream."""

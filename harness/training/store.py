@@ -50,6 +50,18 @@ TRAIN_SETTINGS: dict[str, TrainSettings] = {
     "mini": TrainSettings(steps=320, tokens_per_step=1024, warmup_steps=20, balance_rate=1e-2),
     "flash": TrainSettings(steps=240, tokens_per_step=1024, warmup_steps=20, balance_rate=1e-2),
 }
+# A recipe for a machine with CUDA (`python -m harness.train model=mini recipe=gpu`): 200
+# times the tokens of the CPU recipe (65M), what the masked objective needs to leave its
+# unigram plateau at this width (README, "Where the masked objective stalls"). Big batches,
+# few steps: at this width a GPU step costs its kernel launches (~7500), not its tokens.
+# Sized by estimate (~0.1 s a step), never run yet: no GPU has been lent to these sessions.
+GPU_TRAIN_SETTINGS: dict[str, TrainSettings] = {
+    "tiny": TrainSettings(steps=200, tokens_per_step=4096, max_context_blocks=1, warmup_steps=20,
+                          balance_rate=2e-3, corpus_bytes=1_000_000),
+    "mini": TrainSettings(steps=2000, tokens_per_step=32768, warmup_steps=100, balance_rate=1e-3),
+    "flash": TrainSettings(steps=2000, tokens_per_step=32768, warmup_steps=100, balance_rate=1e-3),
+}
+RECIPES = {"cpu": (TRAIN_SETTINGS, "cpu"), "gpu": (GPU_TRAIN_SETTINGS, "cuda")}  # settings, device
 # the random proxies' bias calibration: no-grad forwards, the balancing rule with a step
 # that shrinks linearly from the first to the last value
 CALIBRATION_STEPS = {"tiny": 20, "mini": 40, "flash": 40}
@@ -60,6 +72,14 @@ CALIBRATION_RATES = (2e-2, 2e-3)
 TRAINING_SOURCES = ("training/balance.py", "training/corpus.py", "training/forward.py", "training/loop.py",
                     "training/objective.py", "training/store.py", "model/llada2.py", "model/proxy.py",
                     "model/config.py")
+
+
+def weights_at(path: Path) -> str:
+    """result.json's `weights` of a checkpoint named by model.path: a proxy directory says
+    what it is (training.json: trained, balance.json: balanced random); anything else is real."""
+    if (path / "training.json").exists():
+        return RESULT_WEIGHTS["trained"]
+    return RESULT_WEIGHTS["random"] if (path / "balance.json").exists() else "real"
 
 
 def check_kind(kind: str) -> None:
@@ -81,10 +101,25 @@ def training_code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def training_key(geometry: dict, corpus_digest: str, settings: TrainSettings, seed: int, code: str) -> str:
-    """What a trained checkpoint depends on; any change trains a new one."""
+def training_key(geometry: dict, corpus_digest: str, settings: TrainSettings, seed: int, code: str,
+                 device: str = "cpu") -> str:
+    """What a trained checkpoint depends on; any change trains a new one (the device too:
+    a GPU's kernels round differently from the CPU's)."""
     return fingerprint({"geometry": geometry, "corpus": corpus_digest, "settings": settings.as_dict(),
-                        "seed": seed, "code": code})
+                        "seed": seed, "code": code, "device": device})
+
+
+def recipe(name: str, kind: str) -> tuple[TrainSettings, str]:
+    """(training settings, torch device) of a recipe: cpu (the default) or gpu."""
+    if kind not in RECIPES:
+        raise HarnessError(f"recipe={kind!r} is not one of {', '.join(RECIPES)}")
+    if name not in PROXY_SHAPES:
+        raise HarnessError(f"unknown proxy {name!r}; choose one of {', '.join(PROXY_SHAPES)}")
+    settings, device = RECIPES[kind]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("recipe=gpu trains on CUDA and this machine has no CUDA device; "
+                           "use recipe=cpu here or run it on a GPU machine")
+    return settings[name], device
 
 
 def proxy_dir(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
@@ -104,10 +139,20 @@ def ensure_proxy(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
     return publish_checkpoint(directory, lambda tmp: build_random_proxy(name, seed, tmp))
 
 
-def trained_dir(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
-    key = training_key(proxy_config(name).to_dict(), corpus_for(name).digest, TRAIN_SETTINGS[name], seed,
-                       training_code_digest())
-    return Path(cache_dir) / f"trained-{name}-seed{seed}-{key}"
+def trained_dir(name: str, cache_dir: str | Path, seed: int = 0, kind: str = "cpu") -> Path:
+    """Where the proxy trained by recipe `kind` lives (the gpu recipe's name says so)."""
+    settings, device = RECIPES[kind][0][name], RECIPES[kind][1]
+    key = training_key(proxy_config(name).to_dict(), corpus_for(name).digest, settings, seed,
+                       training_code_digest(), device)
+    tag = "" if kind == "cpu" else f"-{kind}"
+    return Path(cache_dir) / f"trained-{name}{tag}-seed{seed}-{key}"
+
+
+def ensure_trained(name: str, cache_dir: str | Path, seed: int = 0, kind: str = "cpu") -> Path:
+    """The proxy trained by recipe `kind`, trained on first use."""
+    settings, device = recipe(name, kind)
+    return publish_checkpoint(trained_dir(name, cache_dir, seed, kind),
+                              lambda tmp: train_proxy(name, seed, tmp, settings, device))
 
 
 def weights_dir(name: str, cache_dir: str | Path, seed: int, kind: str) -> Path:
@@ -121,7 +166,7 @@ def ensure_weights(name: str, cache_dir: str | Path, seed: int, kind: str) -> Pa
     check_kind(kind)
     if kind == "random":
         return ensure_proxy(name, cache_dir, seed)
-    return publish_checkpoint(trained_dir(name, cache_dir, seed), lambda tmp: train_proxy(name, seed, tmp))
+    return ensure_trained(name, cache_dir, seed)
 
 
 # ---- construction ------------------------------------------------------------------------
@@ -186,8 +231,11 @@ def build_random_proxy(name: str, seed: int, directory: Path) -> None:
     write_json_atomic(directory / "balance.json", {"imbalance_per_step": history, "corpus": corpus.manifest()})
 
 
-def train_proxy(name: str, seed: int, directory: Path, settings: TrainSettings | None = None) -> None:
-    """Train the proxy geometry and write the checkpoint, the loss curve and a manifest."""
+def train_proxy(name: str, seed: int, directory: Path, settings: TrainSettings | None = None,
+                device: str = "cpu") -> None:
+    """Train the proxy geometry on `device` and write the checkpoint, the loss curve and a
+    manifest. Initialization and batches are drawn on the host, so only the arithmetic
+    runs on the device."""
     settings = settings or TRAIN_SETTINGS[name]
     torch.manual_seed(seed)
     cfg = proxy_config(name)
@@ -197,15 +245,18 @@ def train_proxy(name: str, seed: int, directory: Path, settings: TrainSettings |
     stream = token_stream(tokenizer, corpus)
     model = LLaDA2Model(cfg)
     init_for_training(model, seed)
-    history = train(model, stream, settings, seed, desc=f"train {name}")
+    model.to(device)
+    history = train(model, stream, settings, seed, desc=f"train {name} ({device})")
     block = settings.block_length
-    context_use = masked_ce_by_ratio(lambda ids: batched_forward(model, ids, block, last=block), stream, block,
-                                     cfg.mask_token_id)
+    context_use = masked_ce_by_ratio(lambda ids: batched_forward(model, ids.to(device), block, last=block).cpu(),
+                                     stream, block, cfg.mask_token_id)
+    model.to("cpu")
     write_checkpoint(model, directory, tokenizer)
     write_history(history, directory)
     tenth = max(1, len(history) // 10)
     manifest = {
         "model": name, "seed": seed, "settings": settings.as_dict(), "code": training_code_digest(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else device,
         "corpus": corpus.manifest(), "corpus_tokens": int(stream.numel()),
         "tokens_seen": sum(r["tokens"] for r in history), "wall_s": round(time.perf_counter() - start, 1),
         "loss_first_10pct": sum(r["loss"] for r in history[:tenth]) / tenth,
