@@ -6,7 +6,7 @@ Trains the proxy geometry as a masked-diffusion LM on the interpreter's stdlib s
 train_loss.csv, train_loss.png and training.json into the cache; a cached checkpoint is
 reused. Then decodes one coding prompt with it, so the output can be eyeballed.
 `python -m harness model=mini model.weights=trained` does the same training on first use.
-recipe=gpu trains on CUDA with a hundred times the tokens (harness/training/store.py:
+recipe=gpu trains on CUDA with 200 times the tokens (harness/training/store.py:
 GPU_TRAIN_SETTINGS) into its own directory; use it with `model.path=<that directory>`.
 """
 
