@@ -8,7 +8,7 @@
 # 1. the CUDA training test (tests/test_training.py -m cuda);
 # 2. python -m harness.train model=mini recipe=gpu: training.json (loss, masked CE by mask
 #    ratio, wall time), the loss curve and a sample decode;
-# 3. a gpu_only run on the trained proxy with a routing trace, and its statistics
+# 3. a gpu_only run (backend=cpu) on the trained proxy with a routing trace, and its statistics
 #    (python -m harness.analyze ... format=json) in $OUT/routing.json;
 # 4. the checkpoint itself in $OUT/checkpoint, to be used elsewhere with model.path=<it>.
 #
@@ -39,8 +39,9 @@ fi
 cp "$CHECKPOINT"/training.json "$CHECKPOINT"/train_loss.csv "$CHECKPOINT"/train_loss.png "$OUT"/
 
 echo "== 3. routing of the trained proxy (gpu_only, trace recorded)"
+# backend=cpu: the routing does not depend on the backend, and gpu_check.sh tests the CUDA path
 timeout 240 python -m harness "model=$MODEL" "model.path=$CHECKPOINT" system=gpu_only trace.record=true \
-  tracking.enabled=false "hydra.run.dir=$OUT/run" > "$OUT/run.log" 2>&1
+  backend=cpu tracking.enabled=false "hydra.run.dir=$OUT/run" > "$OUT/run.log" 2>&1
 echo "run exit $?"; tr '\r' '\n' < "$OUT/run.log" | grep -E "^\[gpu_only\]|first prompt" | tail -2
 timeout 60 python -m harness.analyze "trace=$OUT/run/trace.npz" B=64 format=json > "$OUT/routing.json" 2>&1
 echo "analyze exit $?"; head -c 600 "$OUT/routing.json"; echo
