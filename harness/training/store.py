@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -55,11 +56,12 @@ TRAIN_SETTINGS: dict[str, TrainSettings] = {
 # unigram plateau at this width (README, "Where the masked objective stalls"). Big batches,
 # few steps: at this width a GPU step costs its kernel launches (~7500), not its tokens.
 # Sized by estimate (~0.1 s a step), never run yet: no GPU has been lent to these sessions.
+# The rest (corpus, context blocks, learning rate) is the CPU recipe's: `corpus_for` reads it there.
 GPU_TRAIN_SETTINGS: dict[str, TrainSettings] = {
-    "tiny": TrainSettings(steps=200, tokens_per_step=4096, max_context_blocks=1, warmup_steps=20,
-                          balance_rate=2e-3, corpus_bytes=1_000_000),
-    "mini": TrainSettings(steps=2000, tokens_per_step=32768, warmup_steps=100, balance_rate=1e-3),
-    "flash": TrainSettings(steps=2000, tokens_per_step=32768, warmup_steps=100, balance_rate=1e-3),
+    "tiny": replace(TRAIN_SETTINGS["tiny"], steps=200, tokens_per_step=4096, warmup_steps=20, balance_rate=2e-3),
+    "mini": replace(TRAIN_SETTINGS["mini"], steps=2000, tokens_per_step=32768, warmup_steps=100, balance_rate=1e-3),
+    "flash": replace(TRAIN_SETTINGS["flash"], steps=2000, tokens_per_step=32768, warmup_steps=100,
+                     balance_rate=1e-3),
 }
 RECIPES = {"cpu": (TRAIN_SETTINGS, "cpu"), "gpu": (GPU_TRAIN_SETTINGS, "cuda")}  # settings, device
 # the random proxies' bias calibration: no-grad forwards, the balancing rule with a step
@@ -141,7 +143,8 @@ def ensure_proxy(name: str, cache_dir: str | Path, seed: int = 0) -> Path:
 
 def trained_dir(name: str, cache_dir: str | Path, seed: int = 0, kind: str = "cpu") -> Path:
     """Where the proxy trained by recipe `kind` lives (the gpu recipe's name says so)."""
-    settings, device = RECIPES[kind][0][name], RECIPES[kind][1]
+    table, device = RECIPES[kind]
+    settings = table[name]
     key = training_key(proxy_config(name).to_dict(), corpus_for(name).digest, settings, seed,
                        training_code_digest(), device)
     tag = "" if kind == "cpu" else f"-{kind}"
