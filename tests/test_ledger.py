@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.core.clock import forward_times
 from harness.core.cost import CostModel, HardwareConfig, expert_shape
-from harness.core.ledger import ExpertSeconds, LayerOutcomes, Ledger, forward_times
+from harness.core.ledger import ExpertSeconds, LayerOutcomes, Ledger
 from harness.core.ordered_sums import constant_row_sums, row_sums, running_sum, torch_sum
 from harness.decode.decoding import StepInfo
 from harness.model.config import LLaDA2Config

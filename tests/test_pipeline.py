@@ -20,29 +20,21 @@ GEO = LLaDA2Config(num_hidden_layers=2, num_experts=8, n_group=1, topk_group=1, 
 COST = CostModel(GEO, HardwareConfig(pcie_gbps=1.0))
 
 
-def one(x: float) -> np.ndarray:
-    return np.array([x])
-
-
 @pytest.mark.parametrize(("slots", "end", "link"), [(1, 13.0, 11.0), (2, 11.0, 9.0), (3, 11.0, 9.0)])
 def test_the_time_rule_on_a_hand_made_layer(slots: int, end: float, link: float) -> None:
     # hits 5 s, three misses of 2 s each, a copy takes 3 s. One slot: copy 1 waits until
     # miss 0 starts at 5 (ends 8), miss 1 starts at 8, copy 2 starts at 8 (ends 11), miss 2
     # runs 11..13. Two or more: copies end at 3, 6, 9 and the misses run 5..7, 7..9, 9..11.
-    got_end, got_link = pipelined_layer(one(0.0), one(0.0), one(5.0), np.array([[2.0, 2.0, 2.0]]), np.array([3]),
-                                        3.0, slots)
-    assert (got_end[0], got_link[0]) == (end, link)
+    assert pipelined_layer(0.0, 0.0, 5.0, np.array([2.0, 2.0, 2.0]), 3, 3.0, slots) == (end, link)
 
 
 def test_a_layer_without_misses_is_its_hits_and_the_link_stays_where_it_was() -> None:
-    got_end, got_link = pipelined_layer(one(1.0), one(4.0), one(5.0), np.zeros((1, 2)), np.array([0]), 3.0, 1)
-    assert (got_end[0], got_link[0]) == (6.0, 4.0)
+    assert pipelined_layer(1.0, 4.0, 5.0, np.zeros(2), 0, 3.0, 1) == (6.0, 4.0)
 
 
 def test_a_busy_link_delays_the_first_copy() -> None:
     # the link is free at 7: copies end 10 and 13; misses run 10..12, 13..15 after hits 0..5
-    got_end, got_link = pipelined_layer(one(0.0), one(7.0), one(5.0), np.array([[2.0, 2.0]]), np.array([2]), 3.0, 3)
-    assert (got_end[0], got_link[0]) == (15.0, 13.0)
+    assert pipelined_layer(0.0, 7.0, 5.0, np.array([2.0, 2.0]), 2, 3.0, 3) == (15.0, 13.0)
 
 
 def _charged_copies(slots: int) -> float:

@@ -248,13 +248,13 @@ class OffloadEngine:
         plan = system.plan(layer, loads, hint if system.wants_hint else None, self._views[layer])
         plan_s = perf_counter() - plan_start
         # checks read residency as it is before the plan; `_move` then applies the plan
-        gpu, routed, missed, moves = self.rules.check(layer, loads, plan, self._held, self._counts)
+        gpu, missed, moves = self.rules.check(layer, loads, plan, self._held, self._counts)
         moved = moves is not NO_MOVES or plan.evict_elsewhere
         async_targets = self._move(layer, moves, plan.evict_elsewhere) if moved else _NO_COPIES
         if self.total_capacity is not None:
             self._check_total(layer)
         if plan.free_moves:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
-            missed = np.greater(routed, self._held[layer])
+            missed = np.greater(loads, 0) > self._held[layer]
         pending = PendingLayer(layer, plan, loads, gpu, missed, moves.n_scratch, moves.n_cached,
                                async_targets, plan_s)
         self._pending = pending

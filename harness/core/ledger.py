@@ -50,9 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.clock import forward_times
 from harness.core.cost import CostModel, NonExpertTime
 from harness.core.ordered_sums import row_sums, running_sum
-from harness.core.pipeline import MissPipeline, miss_pipeline, pipelined_layer
+from harness.core.pipeline import MissPipeline, miss_pipeline
 from harness.decode.decoding import StepInfo
 
 LIVE_CHUNK = 64  # forwards a live run buffers before charging them together
@@ -95,62 +96,6 @@ class LayerOutcomes:
     wait_row: np.ndarray | None = None
     wait_copies: np.ndarray | None = None
     gpu_s: np.ndarray | None = None  # float [n, m], given (topology=multi)
-
-
-@dataclass
-class ForwardTimes:
-    copies_s: np.ndarray  # [n, m] exposed copy waits
-    cpu_exposed_s: np.ndarray  # [n, m] CPU time past the GPU path
-    drain_s: np.ndarray  # [n] async copies still on the link when the forward ends
-    total_s: np.ndarray  # [n] the forward's modeled seconds
-
-
-def forward_times(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s: np.ndarray, n_sync: np.ndarray,
-                  n_async: np.ndarray, copy_one: float, overlap: bool, wait_row: np.ndarray | None = None,
-                  wait_copies: np.ndarray | None = None, pipeline: MissPipeline | None = None,
-                  cpu_after_copies: bool = False) -> ForwardTimes:
-    """The clock of n forwards of m recorded layers each (see the module docstring).
-    parts: [n, 3] non-expert seconds (before the MoE layers, per MoE layer, head);
-    pipeline: the misses' copies overlap the GPU experts (harness/core/pipeline.py)."""
-    n, m = gpu_s.shape
-    clock, per_layer, head = parts[:, 0].copy(), parts[:, 1], parts[:, 2]
-    link_free = np.zeros(n)
-    starts, copies, exposed = np.empty((n, m)), np.empty((n, m)), np.empty((n, m))
-    waits = wait_copies > 0 if wait_copies is not None else np.zeros((n, m), bool)
-    rows = np.arange(n)
-    for j in range(m):
-        clock = clock + per_layer
-        t0 = clock
-        has_sync = n_sync[:, j] > 0
-        if pipeline is None:
-            link_free = np.where(has_sync, np.maximum(t0, link_free) + n_sync[:, j] * copy_one, link_free)
-            ready = np.where(has_sync, link_free, t0)
-        else:
-            ready = t0
-        if waits[:, j].any():  # a prefetched expert must have landed before it computes
-            assert wait_row is not None and wait_copies is not None
-            landed = starts[rows, wait_row[:, j]] + wait_copies[:, j] * copy_one
-            ready = np.where(waits[:, j], np.maximum(ready, landed), ready)
-        if pipeline is None:
-            gpu_end = ready + gpu_s[:, j]
-            copies[:, j] = ready - t0
-        else:
-            gpu_end, link_after = pipelined_layer(ready, np.maximum(t0, link_free), pipeline.hit_s[:, j],
-                                                  pipeline.miss_s[:, j], pipeline.n_miss[:, j], copy_one,
-                                                  pipeline.slots)
-            link_free = np.where(has_sync, link_after, link_free)
-            copies[:, j] = gpu_end - gpu_s[:, j] - t0  # the GPU's waits for copies
-        start = np.maximum(t0, link_free)
-        starts[:, j] = start
-        link_free = np.where(n_async[:, j] > 0, start + n_async[:, j] * copy_one, link_free)
-        cpu_start = ready if cpu_after_copies else t0
-        end = np.maximum(gpu_end, cpu_start + cpu_s[:, j]) if overlap else gpu_end + cpu_s[:, j]
-        exposed[:, j] = end - gpu_end
-        clock = end
-    # MoE layers that recorded nothing still ran their attention, router and shared expert
-    clock = clock + (max(0, n_moe_layers - m) * per_layer + head)
-    drain = np.maximum(0.0, link_free - clock)
-    return ForwardTimes(copies, exposed, drain, clock + drain)
 
 
 class ExpertSeconds:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 @dataclass
@@ -36,31 +37,24 @@ class MissPipeline:
     n_miss: np.ndarray  # int [n, m]
 
 
-def pipelined_layer(hits_start: np.ndarray, link_start: np.ndarray, hit_s: np.ndarray, miss_s: np.ndarray,
-                    n_miss: np.ndarray, copy_one: float, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """(end of the GPU experts, link free) of one layer of n forwards; miss_s [n, K].
-
-    The forwards are taken most misses first, so the ones still loading at miss i are a
-    prefix of the rows and each step works on that prefix in place."""
-    n, width = miss_s.shape
-    order = np.argsort(-n_miss, kind="stable")
-    gpu_free = (hits_start + hit_s)[order]
-    link = link_start[order]  # a copy: fancy indexing
-    miss_s = miss_s[order]
-    loading = np.searchsorted(-n_miss[order], -np.arange(width), side="left")  # rows with n_miss > i
-    starts = np.empty((n, width))
-    for i in range(width):
-        k = int(loading[i])
-        lk = link[:k]
+@njit(cache=True, nogil=True)
+def pipelined_layer(hits_start: float, link_start: float, hit_s: float, miss_s: np.ndarray, n_miss: int,
+                    copy_one: float, slots: int) -> tuple[float, float]:
+    """(end of the GPU experts, link free) of one layer of one forward: its hits start at
+    `hits_start` and take `hit_s`, the link is free at `link_start`, and miss_s[:n_miss]
+    are the missed experts' GPU seconds in load order (compiled: the ledger's clock,
+    harness/core/clock.py, calls it per layer)."""
+    gpu_free = hits_start + hit_s
+    link = link_start
+    starts = np.empty(n_miss)
+    for i in range(n_miss):
         if i >= slots:
-            np.maximum(lk, starts[:k, i - slots], out=lk)
-        lk += copy_one  # this miss's copy ends: the link is free again
-        start = np.maximum(lk, gpu_free[:k])
-        starts[:k, i] = start
-        np.add(start, miss_s[:k, i], out=gpu_free[:k])
-    back = np.empty_like(order)
-    back[order] = np.arange(n)
-    return gpu_free[back], link[back]
+            link = max(link, starts[i - slots])
+        link += copy_one  # this miss's copy ends: the link is free again
+        start = max(link, gpu_free)
+        starts[i] = start
+        gpu_free = start + miss_s[i]
+    return gpu_free, link
 
 
 def miss_pipeline(loads: np.ndarray, on_gpu: np.ndarray, missed: np.ndarray, gpu_table: np.ndarray,

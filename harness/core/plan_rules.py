@@ -18,10 +18,11 @@ A system's initial residency holds, per MoE layer, at most B valid expert ids.
 Checking moves nothing: `PlanRules.check` reads the residency the engine hands it (bool
 masks [layers, E] and the count per layer) and returns what the engine needs to apply and
 charge the plan. It runs once per layer of every forward (between the router and the
-experts of a live run), so every rule is an array operation on masks: a plan's id field
-given as a bool mask [E] is used as it is (it cannot repeat or misname an expert), one
-given as ids is turned into a mask once, after the checks on ids; a plan that moves
-nothing skips the rules on moves.
+experts of a live run), so the rules on one layer's experts are checked in one compiled
+pass over them (`layer_rules`, numba: a numpy operation per rule cost ~1 us each, about a
+third of the live path): a plan's id field given as a bool mask [E] is used as it is (it
+cannot repeat or misname an expert), one given as ids is turned into a mask once, after
+the checks on ids.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from numba import njit
 
 from harness.core.topology import Topology
 from systems.base import ID_LISTS, LayerPlan, move_count, move_ids
@@ -38,6 +40,7 @@ from systems.base import ID_LISTS, LayerPlan, move_count, move_ids
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 _BOOL = np.dtype(bool)
+_INT64 = np.dtype(np.int64)
 _NONE = np.zeros(0, np.int64)
 
 
@@ -59,8 +62,56 @@ class Moves(NamedTuple):
 _NO_MASK = np.zeros(0, bool)  # stands for an empty mask where only the size 0 is read
 NO_MOVES = Moves(_NO_MASK, 0, 0, _NONE, 0, _NO_MASK, 0, _NONE, _NONE)
 
-# What `PlanRules.check` returns for a valid plan: (gpu, routed, missed, moves); see there.
-CheckedPlan = tuple[np.ndarray, np.ndarray, np.ndarray, Moves]
+# What `PlanRules.check` returns for a valid plan: (gpu, missed, moves); see there.
+CheckedPlan = tuple[np.ndarray, np.ndarray, Moves]
+
+# The rules `layer_rules` checks on each expert, in the order they are reported: bit i of an
+# expert's flags is LAYER_RULES[i] (rule, message naming the first experts that break it)
+LAYER_RULES = (
+    ("computed-twice", "experts {} on both GPU and CPU"),
+    ("routed-not-computed", "routed experts {}"),
+    ("unrouted-computed", "experts {} have no tokens"),
+    ("evict-not-resident", "experts {}"),
+    ("fetch-resident", "experts {} are already resident or fetched twice"),
+    ("scratch-not-sync", "scratch experts {} not in fetch_sync"),
+    ("scratch-not-gpu", "scratch experts {} not computed on GPU"),
+    ("evicted-computed-on-gpu", "experts {}"),
+    ("gpu-not-resident", "experts {} neither resident nor fetched sync"),
+)
+
+
+@njit(cache=True, nogil=True)
+def layer_rules(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, held: np.ndarray, sync: np.ndarray,
+                in_async: np.ndarray, scratch: np.ndarray, evict: np.ndarray, missed: np.ndarray, cached: np.ndarray,
+                broken: np.ndarray) -> tuple[int, int, int, int]:
+    """One pass over a layer's experts (all arrays [E]; the id fields as bool masks): per
+    expert the bits of the LAYER_RULES it breaks (into `broken`), whether it is a routed
+    expert not held (into `missed`) and a sync fetch that stays cached (into `cached`).
+    Returns (the bits any expert breaks, sync fetches, scratch copies, evictions)."""
+    any_broken = n_sync = n_scratch = n_evict = 0
+    for e in range(loads.shape[0]):  # branch-free on 0/1 integers: the loop vectorizes
+        r = np.uint32(loads[e] != 0)
+        g, c, h, s = np.uint32(gpu[e]), np.uint32(cpu[e]), np.uint32(held[e]), np.uint32(sync[e])
+        a, x, v = np.uint32(in_async[e]), np.uint32(scratch[e]), np.uint32(evict[e])
+        bits = (
+            (g & c)  # computed-twice
+            | (r & ((g | c) ^ 1)) << 1  # routed-not-computed
+            | ((g | c) & (r ^ 1)) << 2  # unrouted-computed
+            | (v & (h ^ 1)) << 3  # evict-not-resident
+            | (((s | a) & h) | (s & a)) << 4  # fetch-resident
+            | (x & (s ^ 1)) << 5  # scratch-not-sync
+            | (x & (g ^ 1)) << 6  # scratch-not-gpu
+            | (v & g) << 7  # evicted-computed-on-gpu
+            | (g & ((h | s) ^ 1)) << 8  # gpu-not-resident
+        )
+        broken[e] = bits
+        any_broken |= bits
+        missed[e] = r & (h ^ 1)
+        cached[e] = s & (x ^ 1)
+        n_sync += s
+        n_scratch += x
+        n_evict += v
+    return any_broken, n_sync, n_scratch, n_evict
 
 
 class PlanError(AssertionError):
@@ -91,6 +142,7 @@ class PlanRules:
         self._shape = (n_experts,)
         self._multi = topology.multi
         self._no_mask = np.zeros(n_experts, bool)  # an empty list's mask (never written)
+        self._broken = np.zeros(n_experts, np.int32)  # per expert, the rules it breaks (read on a failure)
 
     def _fail(self, layer: int, rule: str, detail: str) -> None:
         raise PlanError(self.system, layer, rule, detail)
@@ -134,50 +186,66 @@ class PlanRules:
             self._fail(layer, "duplicate", f"{name} lists an expert twice")
         return ids, mask
 
-    def _mask(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
-        """One of this layer's move lists as (bool [E] mask, its size): a bool mask as it
-        is (it cannot repeat an id), ids checked by `_id_array`."""
+    def _mask(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> np.ndarray:
+        """One of this layer's move lists as a bool [E] mask: a bool mask as it is (it
+        cannot repeat an id), ids checked by `_id_array`."""
         if type(items) is np.ndarray and items.dtype is _BOOL and items.shape == self._shape:
-            return items, int(np.count_nonzero(items))
-        if not len(items):
-            return self._no_mask, 0
-        ids, mask = self._id_array(layer, name, items)
-        return mask, len(ids)
+            return items
+        return self._id_array(layer, name, items)[1]
 
     def check(self, layer: int, loads: np.ndarray, plan: LayerPlan, held_all: np.ndarray,
               counts: list[int]) -> CheckedPlan:
-        """Every rule, in this order (the first broken one raises). `loads` is the layer's
-        int64 [E] load (token counts, never negative), `held_all` the engine's residency
-        before the plan (bool [layers, E]: this layer's row and, for a prefetch, the next
-        one's) and `counts` its experts per layer (both read, never changed).
+        """Every rule, in the order of `LAYER_RULES`, then capacity, the prefetch's rules,
+        evictions elsewhere and the devices (the first broken one raises). `loads` is the
+        layer's int64 [E] load (token counts, never negative), `held_all` the engine's
+        residency before the plan (bool [layers, E]: this layer's row and, for a prefetch,
+        the next one's) and `counts` its experts per layer (both read, never changed).
 
-        Returns, for a valid plan: the experts computed on the GPU, the routed experts and
-        the routed experts not resident before the plan (bool [E] masks; every routed
-        expert not on the GPU computes on the CPU) and the plan's moves (`Moves`)."""
+        Returns, for a valid plan: the experts computed on the GPU and the routed experts
+        not resident before the plan (bool [E] masks; every routed expert not on the GPU
+        computes on the CPU) and the plan's moves (`Moves`)."""
         gpu, cpu = plan.gpu, plan.cpu
         if not (type(gpu) is np.ndarray and type(cpu) is np.ndarray and gpu.dtype is _BOOL and cpu.dtype is _BOOL
-                and gpu.shape == self._shape and cpu.shape == self._shape and loads.shape == self._shape):
+                and gpu.shape == self._shape and cpu.shape == self._shape and loads.shape == self._shape
+                and loads.dtype is _INT64):
             self._check_masks(layer, loads, plan)
-        routed = loads.astype(bool)  # counts: routed where nonzero
-        # gpu and cpu split the routed experts exactly when, per expert, they are set as
-        # many times (0 or 1) as it is routed (bool bytes are 0 or 1: compare the bytes)
-        if (gpu.view(np.uint8) + cpu.view(np.uint8)).tobytes() != routed.tobytes():
-            self._check_routing(layer, set(_ids(routed)), set(_ids(gpu)), set(_ids(cpu)))
-        held = held_all[layer]
-        missed = np.greater(routed, held)
+        moving = len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.scratch) or len(plan.evict)
+        if moving:
+            in_sync = self._mask(layer, "fetch_sync", plan.fetch_sync)
+            # async copies keep the plan's order: the ledger charges them in the order they are issued
+            asyn, in_async = self._id_array(layer, "fetch_async", plan.fetch_async)
+            in_scratch = self._mask(layer, "scratch", plan.scratch)
+            in_evict = self._mask(layer, "evict", plan.evict)
+        else:
+            in_sync = in_async = in_scratch = in_evict = self._no_mask
+            asyn = _NONE
+        missed, cached = np.empty(self._shape, bool), np.empty(self._shape, bool)
+        broken, n_sync, n_scratch, n_evict = layer_rules(
+            loads, gpu, cpu, held_all[layer], in_sync, in_async, in_scratch, in_evict, missed, cached, self._broken
+        )
+        if broken:
+            self._fail_rule(layer, broken, len(asyn))
         moves = NO_MOVES
-        if len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.scratch) or len(plan.evict):
-            moves = self._check_moves(layer, plan, held, counts[layer], gpu)
-        elif _some(np.greater(gpu, held)):  # GPU experts not resident must be fetched sync
-            self._fail(layer, "gpu-not-resident",
-                       f"experts {_ids(np.greater(gpu, held))[:5]} neither resident nor fetched sync")
+        if moving:
+            kept = counts[layer] - n_evict + n_sync - n_scratch + len(asyn)
+            if kept > self.capacity:
+                self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
+            moves = Moves(cached, n_sync - n_scratch, n_scratch, asyn, len(asyn), in_evict, n_evict, _NONE, _NONE)
         if len(plan.prefetch) or len(plan.prefetch_evict):
             moves = self._check_prefetch(layer, plan, held_all, counts, moves)
         if plan.evict_elsewhere:
             self._check_elsewhere(layer, plan, held_all)
         if self._multi:
             self._check_devices(layer, plan, _some(cpu))
-        return gpu, routed, missed, moves
+        return gpu, missed, moves
+
+    def _fail_rule(self, layer: int, broken: int, n_async: int) -> None:
+        """Raise for the first rule of `LAYER_RULES` the plan breaks, naming its first experts."""
+        bit = broken & -broken
+        rule, detail = LAYER_RULES[bit.bit_length() - 1]
+        if rule == "fetch-resident" and not n_async:
+            detail = "experts {} are already resident"
+        self._fail(layer, rule, detail.format(np.flatnonzero(self._broken & bit)[:5].tolist()))
 
     def _check_masks(self, layer: int, loads: np.ndarray, plan: LayerPlan) -> None:
         """The shapes and types of the load and of plan.gpu / plan.cpu; called once one is off."""
@@ -189,55 +257,6 @@ class PlanRules:
             if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == self._shape):
                 hint = " (a torch tensor: pass mask.numpy())" if isinstance(mask, torch.Tensor) else ""
                 self._fail(layer, "shape", f"plan.{name} must be a numpy bool array [{E}]{hint}")
-
-    def _check_moves(self, layer: int, plan: LayerPlan, held: np.ndarray, count: int, gpu: np.ndarray) -> Moves:
-        """The rules on this layer's fetches and evictions (a plan that moves something),
-        each a mask operation."""
-        in_sync, n_sync = self._mask(layer, "fetch_sync", plan.fetch_sync)
-        # async copies keep the plan's order: the ledger charges them in the order they are issued
-        asyn, in_async = self._id_array(layer, "fetch_async", plan.fetch_async)
-        n_async = len(asyn)
-        in_scratch, n_scratch = self._mask(layer, "scratch", plan.scratch)
-        in_evict, n_evict = self._mask(layer, "evict", plan.evict)
-        if n_evict and _some(np.greater(in_evict, held)):
-            self._fail(layer, "evict-not-resident", f"experts {_ids(np.greater(in_evict, held))[:5]}")
-        if n_async:
-            if _some((in_sync | in_async) & held) or _some(in_sync & in_async):
-                twice = _ids((in_sync | in_async) & held | in_sync & in_async)
-                self._fail(layer, "fetch-resident", f"experts {twice[:5]} are already resident or fetched twice")
-        elif n_sync and _some(in_sync & held):
-            self._fail(layer, "fetch-resident", f"experts {_ids(in_sync & held)[:5]} are already resident")
-        if n_scratch:
-            if _some(np.greater(in_scratch, in_sync)):
-                self._fail(layer, "scratch-not-sync",
-                           f"scratch experts {_ids(np.greater(in_scratch, in_sync))[:5]} not in fetch_sync")
-            if _some(np.greater(in_scratch, gpu)):
-                self._fail(layer, "scratch-not-gpu",
-                           f"scratch experts {_ids(np.greater(in_scratch, gpu))[:5]} not computed on GPU")
-        if n_evict and _some(in_evict & gpu):
-            self._fail(layer, "evicted-computed-on-gpu", f"experts {_ids(in_evict & gpu)[:5]}")
-        # GPU experts not resident now must each be fetched sync (they are this layer's GPU misses)
-        not_resident = np.greater(gpu, held | in_sync) if n_sync else np.greater(gpu, held)
-        if _some(not_resident):
-            self._fail(layer, "gpu-not-resident", f"experts {_ids(not_resident)[:5]} neither resident nor fetched sync")
-        # lists repeat no expert, evict is resident, scratch is sync and fetches are not resident (checked)
-        kept = count - n_evict + n_sync - n_scratch + n_async
-        if kept > self.capacity:
-            self._fail(layer, "capacity", f"{kept} experts resident after the plan, capacity {self.capacity}")
-        cached = np.greater(in_sync, in_scratch) if n_scratch else in_sync
-        return Moves(cached, n_sync - n_scratch, n_scratch, asyn, n_async, in_evict, n_evict, _NONE, _NONE)
-
-    def _check_routing(self, layer: int, routed: set[int], gpu: set[int], cpu: set[int]) -> None:
-        """The three rules on where the routed experts compute; called once one is broken."""
-        if gpu & cpu:
-            self._fail(layer, "computed-twice", f"experts {sorted(gpu & cpu)[:5]} on both GPU and CPU")
-        if routed - gpu - cpu:
-            self._fail(layer, "routed-not-computed", f"routed experts {sorted(routed - gpu - cpu)[:5]}")
-        if (gpu | cpu) - routed:
-            self._fail(
-                layer, "unrouted-computed", f"experts {sorted((gpu | cpu) - routed)[:5]} have no tokens"
-            )
-        raise AssertionError(f"layer {layer}: the GPU and CPU experts do not split the routed ones")
 
     def _check_devices(self, layer: int, plan: LayerPlan, any_cpu: bool) -> None:
         """Expert parallelism: every expert on one of the GPUs, nothing offloaded."""
