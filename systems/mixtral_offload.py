@@ -29,11 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 from harness.errors import HarnessError
 from systems.base import LayerPlan, PrepareContext, System
-
-_NO_IDS = np.zeros(0, np.int64)
 
 
 @dataclass
@@ -98,35 +97,13 @@ class MixtralOffload(System):
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        held = resident  # the engine's residency is the truth
-        routed = load.astype(bool)  # loads are counts: routed where nonzero
-        miss = np.greater(routed, held)
-        n_miss = int(np.count_nonzero(miss))
-        # slots once every unused expert is evicted
-        room = max(0, self.capacity - (int(np.count_nonzero(routed)) - n_miss))
-        n_held = int(np.count_nonzero(held))
-        if n_miss <= room:  # every miss stays cached
-            cached, scratch, used = miss, (), routed
-            n_cached = n_miss
-        else:  # the first `room` misses by id stay cached, the rest are one-use copies
-            cached = np.flatnonzero(miss)[:room]
-            scratch = miss.copy()
-            scratch[cached] = False
-            used = np.greater(routed, scratch)
-            n_cached = room
-        n_evict = n_held + n_cached - self.capacity
-        evicted = np.zeros(len(routed), bool)  # moves as masks: the engine checks them without conversions
-        evict = _NO_IDS
-        if n_evict > 0:
-            evict = self._least_recent(layer, np.flatnonzero(np.greater(held, routed)), n_evict)
-            evicted[evict] = True
+        # the engine's residency is the truth; the stamps only order it
+        routed, miss, scratch, evict, self.clock[layer] = lru_layer(
+            load, resident, self.stamp[layer], self.clock[layer], self.capacity
+        )
         if self.prefetch:  # what this layer holds after the plan, for the previous layer's prefetch
-            in_cache = self.cached[layer]
-            in_cache[:] = held
-            in_cache[evict] = False
-            in_cache[cached] = True
-        self._touch(layer, np.flatnonzero(used))  # every expert the layer used, in ascending id order
-        plan = LayerPlan(gpu=routed, cpu=np.zeros(len(routed), bool), fetch_sync=miss, scratch=scratch, evict=evicted)
+            np.logical_or(resident > evict, miss > scratch, out=self.cached[layer])
+        plan = LayerPlan(gpu=routed, cpu=np.zeros(len(routed), bool), fetch_sync=miss, scratch=scratch, evict=evict)
         if self.prefetch and hint is not None and layer + 1 < len(self.clock):
             plan.prefetch, plan.prefetch_evict = self._prefetch_next(layer + 1, hint)
         return plan
@@ -149,3 +126,32 @@ class MixtralOffload(System):
     def report(self) -> dict[str, object]:
         return {"prefetch": self.prefetch, "prefetched_experts": self.prefetched,
                 "max_loads_in_flight": self.max_loads_in_flight}
+
+
+@njit(cache=True, nogil=True)
+def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int, capacity: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """One layer of the LRU cache (the module docstring's rule; compiled, it runs on every
+    layer of every forward). `held`: what the layer holds; `stamp`: its experts' recency
+    (updated here: every expert the layer uses, in ascending id order, from `clock` on).
+    Returns bool [E] masks (routed, missed: all fetched sync, scratch: the misses that do
+    not fit, evicted: the least recent unused residents that make room) and the next clock."""
+    n = load.shape[0]
+    routed = load != 0  # loads are counts: routed where nonzero
+    miss = routed & ~held
+    n_miss = miss.sum()
+    # slots once every unused expert is evicted
+    room = max(0, capacity - (routed.sum() - n_miss))
+    scratch = np.zeros(n, np.bool_)
+    if n_miss > room:  # the first `room` misses by id stay cached, the rest are one-use copies
+        scratch[np.flatnonzero(miss)[room:]] = True
+    evict = np.zeros(n, np.bool_)
+    n_evict = held.sum() + min(n_miss, room) - capacity
+    if n_evict > 0:
+        unused = np.flatnonzero(held & ~routed)
+        evict[unused[np.argsort(stamp[unused])[:n_evict]]] = True  # stamps are distinct
+    for e in range(n):
+        if routed[e] and not scratch[e]:
+            stamp[e] = clock
+            clock += 1
+    return routed, miss, scratch, evict, clock

@@ -20,13 +20,13 @@ tau: random      a tau drawn uniformly from 1..T at the start of every block (se
 
 from __future__ import annotations
 
-import functools
 import random
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from numba import njit
 
 from harness.core.bitsets import pack, popcount, unpack
 from harness.core.ledger import LayerOutcomes
@@ -70,32 +70,79 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, routed: np.ndarray, capacit
     the layer and the promoted experts compute on the GPU; async: hits run on the GPU,
     everything else on the CPU while the copies proceed. Returns the plan (its moves as
     masks: ascending ids) and how many experts it promotes."""
-    after = refreshed(now, loads, capacity)
-    promote = np.greater(after, now)
-    demote = np.greater(now, after)
-    serving = after if migration == "sync" else now & after
-    gpu, cpu = routed & serving, np.greater(routed, serving)
-    n_promoted = int(np.count_nonzero(promote))
-    if migration == "sync":
+    sync = migration == "sync"
+    gpu, cpu, promote, demote, n_promoted = refresh_layer(now, loads, capacity, sync)
+    if sync:
         return LayerPlan(gpu=gpu, cpu=cpu, fetch_sync=promote, evict=demote), n_promoted
     return LayerPlan(gpu=gpu, cpu=cpu, fetch_async=promote, evict=demote), n_promoted
 
 
+@njit(cache=True, nogil=True)
+def refresh_layer(now: np.ndarray, loads: np.ndarray, capacity: int, sync: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """`refresh_plan`'s masks, compiled (it runs on every layer of a refreshing forward):
+    (gpu, cpu, promoted, demoted, how many are promoted)."""
+    after = refreshed(now, loads, capacity)
+    n = loads.shape[0]
+    gpu, cpu = np.empty(n, np.bool_), np.empty(n, np.bool_)
+    promote, demote = np.empty(n, np.bool_), np.empty(n, np.bool_)
+    n_promoted = 0
+    for e in range(n):
+        promote[e] = after[e] and not now[e]
+        demote[e] = now[e] and not after[e]
+        serving = after[e] if sync else now[e] and after[e]
+        gpu[e] = loads[e] > 0 and serving
+        cpu[e] = loads[e] > 0 and not serving
+        n_promoted += promote[e]
+    return gpu, cpu, promote, demote, n_promoted
+
+
+@njit(cache=True, nogil=True)
 def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
-    """`refresh_residency` of one layer, by the batch planner's rule (`refresh_bits`,
-    written out for one unpacked row: a live plan calls it every refreshing layer)."""
-    target = top_b(loads, capacity)
-    n_target = int(np.count_nonzero(target))
-    leaving = np.greater(now, target)  # resident, not in the target
-    n_demote = int(np.count_nonzero(leaving)) + n_target - capacity
-    if n_demote <= 0:
-        return now | target
-    if n_target >= capacity:
-        return target
-    # a short target holds every routed expert: demote the lowest ids among the rest
+    """`refresh_residency` of one layer (bool `now`, int64 `loads` [E]), by the batch
+    planner's rule (`refresh_bits`, written out for one row): the target is the top-B
+    routed experts (load, then lower id, first); residents outside it are demoted only as
+    far as the target needs room."""
+    target = top_b_row(loads, capacity)
+    n_target = n_leaving = 0
+    for e in range(loads.shape[0]):
+        n_target += target[e]
+        n_leaving += now[e] and not target[e]
+    n_demote = n_leaving + n_target - capacity
     after = target.copy()
-    after[np.flatnonzero(leaving)[n_demote:]] = True
+    if n_demote <= 0:
+        after |= now
+    elif n_target < capacity:
+        # a short target holds every routed expert: demote the lowest ids among the rest
+        for e in range(loads.shape[0]):
+            if now[e] and not target[e]:
+                after[e] = n_demote <= 0
+                n_demote -= 1
     return after
+
+
+@njit(cache=True, nogil=True)
+def top_b_row(loads: np.ndarray, capacity: int) -> np.ndarray:
+    """`top_b` of one int64 row, by counting: every expert above the threshold load, then
+    the lowest ids at it."""
+    n = loads.shape[0]
+    routed = loads > 0
+    if routed.sum() <= capacity:
+        return routed
+    counts = np.zeros(loads.max() + 1, np.int64)
+    for e in range(n):
+        counts[loads[e]] += 1
+    threshold, above = loads.max(), 0  # `above`: experts with a load over the threshold
+    while above + counts[threshold] < capacity:
+        above += counts[threshold]
+        threshold -= 1
+    target = loads > threshold
+    at = capacity - above
+    for e in range(n):
+        if at > 0 and loads[e] == threshold:
+            target[e] = True
+            at -= 1
+    return target
 
 
 class Tide(System):
@@ -208,12 +255,6 @@ def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
         return np.zeros(load.shape, bool)
     if capacity >= n_experts:
         return load > 0
-    if load.ndim == 1 and load.dtype == np.int64:  # one layer, live: no overflow to fear at E <= 2**16
-        key = load * n_experts
-        key += _descending_ids(n_experts)
-        part = key.copy()
-        part.partition(n_experts - capacity)  # the method: np.partition's wrapper costs as much again
-        return key >= max(int(part[n_experts - capacity]), n_experts)
     # one unique key per expert (load, then lower id first); the top-B keys are those at or
     # above the capacity-th largest, found by a partial sort; routed experts have keys >= E
     dtype = np.int64 if load.size and (int(load.max()) + 1) * n_experts >= 2**31 else np.int32
@@ -221,14 +262,6 @@ def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
     key += np.arange(n_experts - 1, -1, -1, dtype=dtype)
     kth = np.partition(key, n_experts - capacity, axis=-1)[..., n_experts - capacity, None]
     return key >= np.maximum(kth, n_experts)
-
-
-@functools.lru_cache(maxsize=8)
-def _descending_ids(n_experts: int) -> np.ndarray:
-    """E-1, ..., 0: the tie-break of `top_b`'s keys (lower id ranks higher)."""
-    ids = np.arange(n_experts - 1, -1, -1, dtype=np.int64)
-    ids.flags.writeable = False
-    return ids
 
 
 def refresh_bits(resident: np.ndarray, target: np.ndarray, n_target: np.ndarray, capacity: int,

@@ -168,7 +168,7 @@ class PlanRules:
         if not len(items):
             return _NONE, self._no_mask
         ids = items if type(items) is np.ndarray else np.asarray(items)
-        if ids.dtype is _BOOL:
+        if ids.dtype == _BOOL:
             if ids.shape != self._shape:
                 self._fail(layer, "bad-id", f"{name} is a bool mask of shape {ids.shape}: masks are [{self.n_experts}]")
             return np.flatnonzero(ids), ids
@@ -189,7 +189,7 @@ class PlanRules:
     def _mask(self, layer: int, name: str, items: Sequence[int] | np.ndarray) -> np.ndarray:
         """One of this layer's move lists as a bool [E] mask: a bool mask as it is (it
         cannot repeat an id), ids checked by `_id_array`."""
-        if type(items) is np.ndarray and items.dtype is _BOOL and items.shape == self._shape:
+        if type(items) is np.ndarray and items.dtype == _BOOL and items.shape == self._shape:
             return items
         return self._id_array(layer, name, items)[1]
 
@@ -205,9 +205,9 @@ class PlanRules:
         not resident before the plan (bool [E] masks; every routed expert not on the GPU
         computes on the CPU) and the plan's moves (`Moves`)."""
         gpu, cpu = plan.gpu, plan.cpu
-        if not (type(gpu) is np.ndarray and type(cpu) is np.ndarray and gpu.dtype is _BOOL and cpu.dtype is _BOOL
+        if not (type(gpu) is np.ndarray and type(cpu) is np.ndarray and gpu.dtype == _BOOL and cpu.dtype == _BOOL
                 and gpu.shape == self._shape and cpu.shape == self._shape and loads.shape == self._shape
-                and loads.dtype is _INT64):
+                and loads.dtype == _INT64):
             self._check_masks(layer, loads, plan)
         moving = len(plan.fetch_sync) or len(plan.fetch_async) or len(plan.scratch) or len(plan.evict)
         if moving:
