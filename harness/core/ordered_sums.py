@@ -35,11 +35,17 @@ def torch_sum(values: np.ndarray) -> float:
 
 
 def constant_row_sums(value: float, lengths: np.ndarray) -> np.ndarray:
-    """`row_sums` of runs that all hold `value`: a sum depends only on the run's length."""
-    sums = np.zeros(len(lengths))
-    for k in np.unique(lengths).tolist():
-        if k:
-            sums[lengths == k] = constant_sum(value, k)
+    """`row_sums` of runs that all hold `value`: a sum depends only on the run's length,
+    so it is looked up (one table per value, lengths up to a power of two)."""
+    longest = int(lengths.max()) if len(lengths) else 0
+    return _constant_sums(value, 1 << longest.bit_length())[lengths]
+
+
+@functools.lru_cache(maxsize=256)
+def _constant_sums(value: float, size: int) -> np.ndarray:
+    """The torch sums of 0, 1, ..., size - 1 copies of `value`."""
+    sums = np.array([constant_sum(value, k) if k else 0.0 for k in range(size)])
+    sums.flags.writeable = False
     return sums
 
 
