@@ -39,14 +39,16 @@ def forward_times(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s
     n, m = gpu_s.shape
     no_wait = np.zeros((n, m), np.int64)
     if pipeline is None:
-        slots, hit_s, miss_s, n_miss = 0, _floats(gpu_s), np.zeros((n, m, 0)), no_wait
+        slots, hit_s, loads, to_load, table = 0, _floats(gpu_s), np.zeros((n, m, 0), np.int64), \
+            np.zeros((n, m, 0), bool), np.zeros(1)
     else:
-        slots, hit_s, miss_s, n_miss = pipeline.slots, _floats(pipeline.hit_s), _floats(pipeline.miss_s), \
-            _ints(pipeline.n_miss)
+        slots, hit_s, loads, to_load, table = pipeline.slots, _floats(pipeline.hit_s), _ints(pipeline.loads), \
+            np.ascontiguousarray(pipeline.to_load), _floats(pipeline.table)
     copies, exposed, drain, total = _clock(
         _floats(parts), n_moe_layers, _floats(gpu_s), _floats(cpu_s), _ints(n_sync), _ints(n_async), float(copy_one),
         bool(overlap), no_wait if wait_row is None else _ints(wait_row),
-        no_wait if wait_copies is None else _ints(wait_copies), slots, hit_s, miss_s, n_miss, bool(cpu_after_copies),
+        no_wait if wait_copies is None else _ints(wait_copies), slots, hit_s, loads, to_load, table,
+        bool(cpu_after_copies),
     )
     return ForwardTimes(copies, exposed, drain, total)
 
@@ -63,12 +65,13 @@ def _ints(values: np.ndarray) -> np.ndarray:
 @njit(cache=True, nogil=True)
 def _clock(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s: np.ndarray, n_sync: np.ndarray,
            n_async: np.ndarray, copy_one: float, overlap: bool, wait_row: np.ndarray, wait_copies: np.ndarray,
-           slots: int, hit_s: np.ndarray, miss_s: np.ndarray, n_miss: np.ndarray, cpu_after_copies: bool
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+           slots: int, hit_s: np.ndarray, loads: np.ndarray, to_load: np.ndarray, table: np.ndarray,
+           cpu_after_copies: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     n, m = gpu_s.shape
     copies, exposed = np.empty((n, m)), np.empty((n, m))
     drain, total = np.empty(n), np.empty(n)
     starts = np.empty(m)  # per layer of the forward: when its async copies start on the link
+    miss_s = np.empty(to_load.shape[2])  # a pipelined layer's missed GPU experts' seconds, in load order
     for i in range(n):
         clock, per_layer, head = parts[i, 0], parts[i, 1], parts[i, 2]
         link_free = 0.0
@@ -86,8 +89,13 @@ def _clock(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s: np.nd
                 gpu_end = ready + gpu_s[i, j]
                 copies[i, j] = ready - t0
             else:
-                gpu_end, link_after = pipelined_layer(ready, max(t0, link_free), hit_s[i, j], miss_s[i, j],
-                                                      n_miss[i, j], copy_one, slots)
+                n_miss = 0
+                for e in range(to_load.shape[2]):
+                    if to_load[i, j, e]:
+                        miss_s[n_miss] = table[loads[i, j, e]]
+                        n_miss += 1
+                gpu_end, link_after = pipelined_layer(ready, max(t0, link_free), hit_s[i, j], miss_s, n_miss,
+                                                      copy_one, slots)
                 if has_sync:
                     link_free = link_after
                 copies[i, j] = gpu_end - gpu_s[i, j] - t0  # the GPU's waits for copies

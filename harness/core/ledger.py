@@ -281,7 +281,7 @@ class Ledger:
         hit_s = self.gpu_seconds(loads, out.on_gpu & ~out.missed)
         table = self.cost.time_table("gpu", int(loads.max()) if loads.size else 0)
         pipeline = miss_pipeline(loads, out.on_gpu, out.missed, table, hit_s, self.pipeline_slots)
-        if not np.array_equal(pipeline.n_miss, n_sync):
+        if not np.array_equal(np.count_nonzero(pipeline.to_load, axis=-1), n_sync):
             raise RuntimeError("a pipelined layer copies other experts than its missed GPU experts")
         return pipeline
 

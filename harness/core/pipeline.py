@@ -29,12 +29,13 @@ from numba import njit
 
 @dataclass
 class MissPipeline:
-    """n forwards x m layers of a pipelining system: its bound and the GPU seconds split."""
+    """n forwards x m layers of a pipelining system: its bound and what its layers load."""
 
     slots: int  # loads in flight (>= 1)
     hit_s: np.ndarray  # float [n, m]: GPU seconds of the GPU experts that were resident
-    miss_s: np.ndarray  # float [n, m, K]: GPU seconds of each missed GPU expert, in load order, 0-padded
-    n_miss: np.ndarray  # int [n, m]
+    loads: np.ndarray  # int64 [n, m, E]
+    to_load: np.ndarray  # bool [n, m, E]: the missed GPU experts, loaded in ascending id order
+    table: np.ndarray  # float [max load + 1]: one expert's GPU seconds by its load
 
 
 @njit(cache=True, nogil=True)
@@ -59,12 +60,7 @@ def pipelined_layer(hits_start: float, link_start: float, hit_s: float, miss_s: 
 
 def miss_pipeline(loads: np.ndarray, on_gpu: np.ndarray, missed: np.ndarray, gpu_table: np.ndarray,
                   hit_s: np.ndarray, slots: int) -> MissPipeline:
-    """The pipeline inputs of n x m layers: the missed GPU experts' seconds in ascending
-    id order (the order their copies are issued). hit_s: the resident GPU experts' seconds."""
-    to_load = on_gpu & missed
-    n_miss = np.count_nonzero(to_load, axis=-1)
-    width = int(n_miss.max()) if n_miss.size else 0
-    order = np.argsort(~to_load, axis=-1, kind="stable")[..., :width]  # the misses first, by id
-    seconds = np.take_along_axis(gpu_table[loads], order, -1)
-    seconds = np.where(np.arange(width) < n_miss[..., None], seconds, 0.0)
-    return MissPipeline(slots, hit_s, seconds, n_miss)
+    """The pipeline inputs of n x m layers (hit_s: the resident GPU experts' seconds); the
+    ledger's clock gathers each layer's missed GPU experts' seconds in ascending id order
+    (the order their copies are issued)."""
+    return MissPipeline(slots, hit_s, loads, on_gpu & missed, gpu_table)
