@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from harness.core.cost import CostModel
-from harness.core.ordered_sums import row_sums, torch_sum
+from harness.core.ordered_sums import table_row_sums, torch_sum
 from harness.errors import HarnessError
 from systems.base import LayerPlan, PrepareContext, StepInfo, System
 from systems.tide import MIGRATIONS, refresh_plan, top_b
@@ -87,9 +87,7 @@ def forward_regrets(loads: np.ndarray, resident: np.ndarray, capacity: int, cost
     top = top_b(loads, capacity)
 
     def seconds(device: str, mask: np.ndarray) -> np.ndarray:
-        picked = np.extract(mask, loads)
-        table = cost.time_table(device, int(picked.max()) if picked.size else 0)
-        return row_sums(table[picked], np.count_nonzero(mask, axis=-1))
+        return table_row_sums(cost.time_table(device, int(loads.max()) if loads.size else 0), loads, mask)
 
     stale = np.maximum(seconds("gpu", routed & resident), seconds("cpu", np.greater(routed, resident)))
     fresh = np.maximum(seconds("gpu", top), seconds("cpu", np.greater(routed, top)))

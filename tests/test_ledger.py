@@ -11,7 +11,7 @@ import torch
 from harness.core.clock import forward_times
 from harness.core.cost import CostModel, HardwareConfig, expert_shape
 from harness.core.ledger import ExpertSeconds, LayerOutcomes, Ledger
-from harness.core.ordered_sums import constant_row_sums, row_sums, running_sum, torch_sum
+from harness.core.ordered_sums import constant_row_sums, row_sums, running_sum, table_row_sums, torch_sum
 from harness.decode.decoding import StepInfo
 from harness.model.config import LLaDA2Config
 
@@ -35,6 +35,21 @@ def test_row_sums_are_torch_sums_of_each_run():
     for v in values[:500].tolist():
         total += v
     assert running_sum(0.1, values[:500]) == total
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_table_row_sums_are_torch_sums_of_each_rows_times(flat):
+    """Both paths: a table of one value (looked up by row length) and a varying one (gathered)."""
+    rng = np.random.default_rng(5)
+    loads = rng.integers(0, 6, (3, 7, 40))
+    mask = (loads > 0) & (rng.random(loads.shape) < 0.6)
+    mask[0, 0] = False  # an empty row sums to 0
+    table = np.full(64, 2.5e-5) if flat else rng.uniform(1e-6, 1e-4, 64)
+    table[0] = 0.0
+    got = table_row_sums(table, loads, mask)
+    expected = [[float(torch.from_numpy(table[row[m]]).sum()) for row, m in zip(layer, masks, strict=True)]
+                for layer, masks in zip(loads, mask, strict=True)]
+    assert got.shape == (3, 7) and got.tolist() == expected
 
 
 @pytest.mark.parametrize("profile", ["a100", "table", "slow_gpu"])

@@ -52,7 +52,7 @@ import numpy as np
 
 from harness.core.clock import forward_times
 from harness.core.cost import CostModel, NonExpertTime
-from harness.core.ordered_sums import row_sums, running_sum
+from harness.core.ordered_sums import running_sum, table_row_sums
 from harness.core.pipeline import MissPipeline, miss_pipeline
 from harness.decode.decoding import StepInfo
 
@@ -106,10 +106,9 @@ class ExpertSeconds:
         self.cost, self.device = cost, device
 
     def __call__(self, loads: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        picked = np.extract(mask, loads)  # row-major: each layer's experts in id order (4x faster than loads[mask])
-        lengths = np.count_nonzero(mask, axis=-1).ravel()
-        table = self.cost.time_table(self.device, int(picked.max()) if picked.size else 0)
-        return row_sums(table[picked], lengths).reshape(mask.shape[:-1])
+        """loads int64 [..., E], mask bool [..., E] (routed experts) -> float [...]."""
+        table = self.cost.time_table(self.device, int(loads.max()) if loads.size else 0)
+        return table_row_sums(table, loads, mask)
 
 
 @dataclass

@@ -73,6 +73,18 @@ def row_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return sums
 
 
+def table_row_sums(table: np.ndarray, loads: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row of `mask` [..., E] (routed experts only: loads >= 1), `row_sums` of
+    table[load] over its experts in id order; when the table is one value over the loads
+    present (memory-bound experts), a lookup by row length without gathering anything."""
+    lengths = np.count_nonzero(mask, axis=-1)
+    top = int(loads.max()) if loads.size else 0
+    if top >= 1 and (table[1 : top + 1] == table[1]).all():
+        return constant_row_sums(float(table[1]), lengths.ravel()).reshape(lengths.shape)
+    picked = np.extract(mask, loads)  # row-major: each row's experts in id order (4x faster than loads[mask])
+    return row_sums(table[picked], lengths.ravel()).reshape(lengths.shape)
+
+
 def running_sum(start: float, values: np.ndarray) -> float:
     """start + v0 + v1 + ... added in this order, as `total += v` adds them one by one."""
     return float(np.add.accumulate(np.concatenate(([start], np.ravel(values))))[-1])
