@@ -45,6 +45,7 @@ order (harness/core/ordered_sums.py), so how forwards are batched never changes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,7 @@ from harness.core.clock import forward_times
 from harness.core.cost import CostModel, NonExpertTime
 from harness.core.ordered_sums import running_sum, table_row_sums
 from harness.core.pipeline import MissPipeline, miss_pipeline
+from harness.core.tallies import LayerTallies, layer_tallies
 from harness.decode.decoding import StepInfo
 
 LIVE_CHUNK = 64  # forwards a live run buffers before charging them together
@@ -105,10 +107,12 @@ class ExpertSeconds:
     def __init__(self, cost: CostModel, device: str) -> None:
         self.cost, self.device = cost, device
 
-    def __call__(self, loads: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """loads int64 [..., E], mask bool [..., E] (routed experts) -> float [...]."""
-        table = self.cost.time_table(self.device, int(loads.max()) if loads.size else 0)
-        return table_row_sums(table, loads, mask)
+    def __call__(self, loads: np.ndarray, mask: np.ndarray | Callable[[], np.ndarray],
+                 lengths: np.ndarray | None = None, top: int | None = None) -> np.ndarray:
+        """loads int64 [..., E], mask bool [..., E] (routed experts) -> float [...];
+        lengths / top / a mask built on demand: see `table_row_sums`."""
+        biggest = top if top is not None else int(loads.max()) if loads.size else 0
+        return table_row_sums(self.cost.time_table(self.device, biggest), loads, mask, lengths, top)
 
 
 @dataclass
@@ -239,12 +243,11 @@ class Ledger:
         """Charge n forwards (their steps, (tokens, context) and layer outcomes), in order;
         closed=False: forwards still open, charged up to their last recorded layer."""
         c, loads = self.counters, out.loads
-        routed_mask = loads > 0
-        on_cpu = routed_mask & ~out.on_gpu
-        routed = loads.sum(-1)
-        missed = (loads * out.missed).sum(-1)
-        gpu_s = out.gpu_s if out.gpu_s is not None else self.gpu_seconds(loads, out.on_gpu)
-        cpu_s = self.cpu_seconds(loads, on_cpu)
+        tally = layer_tallies(loads, out.on_gpu, out.missed)
+        routed, missed = tally.routed, tally.missed
+        given = out.gpu_s  # topology=multi: the slowest GPU's seconds
+        gpu_s = given if given is not None else self.gpu_seconds(loads, out.on_gpu, tally.n_gpu, tally.top)
+        cpu_s = self.cpu_seconds(loads, lambda: (loads > 0) & ~out.on_gpu, tally.n_cpu, tally.top)
         parts = [self.breakdown(*size) for size in sizes]
         split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts], np.float64).reshape(-1, 3)
         n_sync = out.copies_scratch + out.copies_sync
@@ -254,12 +257,12 @@ class Ledger:
             times = forward_times(split, self.n_layers, gpu_s, cpu_s, blocking, np.zeros_like(blocking), copy_one,
                                   self.overlap, cpu_after_copies=True)
         else:
-            pipeline = self._pipeline(out, n_sync) if self.pipeline_slots > 0 else None
+            pipeline = self._pipeline(out, tally, n_sync) if self.pipeline_slots > 0 else None
             times = forward_times(split, self.n_layers, gpu_s, cpu_s, n_sync, out.copies_async, copy_one,
                                   self.overlap, out.wait_row, out.wait_copies, pipeline)
         c.routed_pairs += int(routed.sum())
         c.missed_pairs += int(missed.sum())
-        c.cpu_expert_tokens += int((loads * on_cpu).sum())
+        c.cpu_expert_tokens += int(tally.cpu_tokens.sum())
         c.copies_sync += int(out.copies_sync.sum())
         c.copies_scratch += int(out.copies_scratch.sum())
         c.copies_async += int(out.copies_async.sum())
@@ -274,15 +277,14 @@ class Ledger:
         if closed:
             self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
 
-    def _pipeline(self, out: LayerOutcomes, n_sync: np.ndarray) -> MissPipeline:
+    def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
         """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
-        loads = out.loads
-        hit_s = self.gpu_seconds(loads, out.on_gpu & ~out.missed)
-        table = self.cost.time_table("gpu", int(loads.max()) if loads.size else 0)
-        pipeline = miss_pipeline(loads, out.on_gpu, out.missed, table, hit_s, self.pipeline_slots)
-        if not np.array_equal(np.count_nonzero(pipeline.to_load, axis=-1), n_sync):
+        if not np.array_equal(tally.n_to_load, n_sync):
             raise RuntimeError("a pipelined layer copies other experts than its missed GPU experts")
-        return pipeline
+        loads = out.loads
+        hit_s = self.gpu_seconds(loads, lambda: out.on_gpu & ~out.missed, tally.n_hit, tally.top)
+        table = self.cost.time_table("gpu", tally.top)
+        return miss_pipeline(loads, out.on_gpu, out.missed, table, hit_s, self.pipeline_slots)
 
     def _append_steps(self, steps: list[StepInfo], routed: list[int], missed: list[int], totals: list[float]) -> None:
         for i, step in enumerate(steps):

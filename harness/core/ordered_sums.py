@@ -11,6 +11,7 @@ by row with the kernel it uses for a 1-D tensor. A counter adds layer after laye
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -73,15 +74,19 @@ def row_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return sums
 
 
-def table_row_sums(table: np.ndarray, loads: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def table_row_sums(table: np.ndarray, loads: np.ndarray, mask: np.ndarray | Callable[[], np.ndarray],
+                   lengths: np.ndarray | None = None, top: int | None = None) -> np.ndarray:
     """Per row of `mask` [..., E] (routed experts only: loads >= 1), `row_sums` of
     table[load] over its experts in id order; when the table is one value over the loads
-    present (memory-bound experts), a lookup by row length without gathering anything."""
-    lengths = np.count_nonzero(mask, axis=-1)
-    top = int(loads.max()) if loads.size else 0
+    present (memory-bound experts), a lookup by row length without gathering anything.
+    A caller that has counted them passes the row lengths and the largest load, and the
+    mask as a function that builds it (only called when the gather is needed)."""
+    if lengths is None or top is None:
+        mask = mask() if callable(mask) else mask
+        lengths, top = np.count_nonzero(mask, axis=-1), int(loads.max()) if loads.size else 0
     if top >= 1 and (table[1 : top + 1] == table[1]).all():
         return constant_row_sums(float(table[1]), lengths.ravel()).reshape(lengths.shape)
-    picked = np.extract(mask, loads)  # row-major: each row's experts in id order (4x faster than loads[mask])
+    picked = np.extract(mask() if callable(mask) else mask, loads)  # row-major: each row's experts in id order
     return row_sums(table[picked], lengths.ravel()).reshape(lengths.shape)
 
 
