@@ -98,9 +98,9 @@ class MixtralOffload(System):
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         # the engine's residency is the truth; the stamps only order it
-        routed, miss, scratch, evict, self.clock[layer] = lru_layer(
-            load, resident, self.stamp[layer], self.clock[layer], self.capacity
-        )
+        masks = np.empty((4, len(load)), bool)  # filled by the kernel: returning arrays from numba costs more
+        self.clock[layer] = lru_layer(load, resident, self.stamp[layer], self.clock[layer], self.capacity, masks)
+        routed, miss, scratch, evict = masks[0], masks[1], masks[2], masks[3]
         if self.prefetch:  # what this layer holds after the plan, for the previous layer's prefetch
             np.logical_or(resident > evict, miss > scratch, out=self.cached[layer])
         plan = LayerPlan(gpu=routed, cpu=np.zeros(len(routed), bool), fetch_sync=miss, scratch=scratch, evict=evict)
@@ -129,23 +129,28 @@ class MixtralOffload(System):
 
 
 @njit(cache=True, nogil=True)
-def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int, capacity: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int, capacity: int,
+              masks: np.ndarray) -> int:
     """One layer of the LRU cache (the module docstring's rule; compiled, it runs on every
     layer of every forward). `held`: what the layer holds; `stamp`: its experts' recency
     (updated here: every expert the layer uses, in ascending id order, from `clock` on).
-    Returns bool [E] masks (routed, missed: all fetched sync, scratch: the misses that do
-    not fit, evicted: the least recent unused residents that make room) and the next clock."""
+    Fills masks [4, E] with routed, missed (all fetched sync), scratch (the misses that do
+    not fit) and evicted (the least recent unused residents that make room); returns the
+    next clock."""
     n = load.shape[0]
-    routed = load != 0  # loads are counts: routed where nonzero
-    miss = routed & ~held
-    n_miss = miss.sum()
+    routed, miss, scratch, evict = masks[0], masks[1], masks[2], masks[3]
+    n_routed = n_miss = 0
+    for e in range(n):
+        routed[e] = load[e] != 0  # loads are counts: routed where nonzero
+        miss[e] = routed[e] and not held[e]
+        n_routed += routed[e]
+        n_miss += miss[e]
     # slots once every unused expert is evicted
-    room = max(0, capacity - (routed.sum() - n_miss))
-    scratch = np.zeros(n, np.bool_)
+    room = max(0, capacity - (n_routed - n_miss))
+    scratch[:] = False
     if n_miss > room:  # the first `room` misses by id stay cached, the rest are one-use copies
         scratch[np.flatnonzero(miss)[room:]] = True
-    evict = np.zeros(n, np.bool_)
+    evict[:] = False
     n_evict = held.sum() + min(n_miss, room) - capacity
     if n_evict > 0:
         unused = np.flatnonzero(held & ~routed)
@@ -154,4 +159,4 @@ def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int,
         if routed[e] and not scratch[e]:
             stamp[e] = clock
             clock += 1
-    return routed, miss, scratch, evict, clock
+    return clock

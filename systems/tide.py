@@ -71,21 +71,21 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, routed: np.ndarray, capacit
     everything else on the CPU while the copies proceed. Returns the plan (its moves as
     masks: ascending ids) and how many experts it promotes."""
     sync = migration == "sync"
-    gpu, cpu, promote, demote, n_promoted = refresh_layer(now, loads, capacity, sync)
+    masks = np.empty((4, len(loads)), bool)  # filled by the kernel: returning arrays from numba costs more
+    n_promoted = refresh_layer(now, loads, capacity, sync, masks)
+    gpu, cpu, promote, demote = masks[0], masks[1], masks[2], masks[3]
     if sync:
         return LayerPlan(gpu=gpu, cpu=cpu, fetch_sync=promote, evict=demote), n_promoted
     return LayerPlan(gpu=gpu, cpu=cpu, fetch_async=promote, evict=demote), n_promoted
 
 
 @njit(cache=True, nogil=True)
-def refresh_layer(now: np.ndarray, loads: np.ndarray, capacity: int, sync: bool
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+def refresh_layer(now: np.ndarray, loads: np.ndarray, capacity: int, sync: bool, masks: np.ndarray) -> int:
     """`refresh_plan`'s masks, compiled (it runs on every layer of a refreshing forward):
-    (gpu, cpu, promoted, demoted, how many are promoted)."""
+    fills masks [4, E] with gpu, cpu, promoted, demoted; returns how many are promoted."""
     after = refreshed(now, loads, capacity)
     n = loads.shape[0]
-    gpu, cpu = np.empty(n, np.bool_), np.empty(n, np.bool_)
-    promote, demote = np.empty(n, np.bool_), np.empty(n, np.bool_)
+    gpu, cpu, promote, demote = masks[0], masks[1], masks[2], masks[3]
     n_promoted = 0
     for e in range(n):
         promote[e] = after[e] and not now[e]
@@ -94,7 +94,7 @@ def refresh_layer(now: np.ndarray, loads: np.ndarray, capacity: int, sync: bool
         gpu[e] = loads[e] > 0 and serving
         cpu[e] = loads[e] > 0 and not serving
         n_promoted += promote[e]
-    return gpu, cpu, promote, demote, n_promoted
+    return n_promoted
 
 
 @njit(cache=True, nogil=True)
