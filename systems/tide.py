@@ -249,19 +249,17 @@ class Tide(System):
 # ---- the batch planner: `Tide.plan` over chunks of forwards ---------------------------
 def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
     """`top_b_mask` over the last axis of an int array: the top-`capacity` routed experts
-    by load, ties to the lower id."""
-    n_experts = load.shape[-1]
-    if capacity <= 0:
-        return np.zeros(load.shape, bool)
-    if capacity >= n_experts:
-        return load > 0
-    # one unique key per expert (load, then lower id first); the top-B keys are those at or
-    # above the capacity-th largest, found by a partial sort; routed experts have keys >= E
-    dtype = np.int64 if load.size and (int(load.max()) + 1) * n_experts >= 2**31 else np.int32
-    key = load.astype(dtype, copy=False) * dtype(n_experts)
-    key += np.arange(n_experts - 1, -1, -1, dtype=dtype)
-    kth = np.partition(key, n_experts - capacity, axis=-1)[..., n_experts - capacity, None]
-    return key >= np.maximum(kth, n_experts)
+    by load, ties to the lower id (`top_b_row` on every row)."""
+    rows = np.ascontiguousarray(load, np.int64).reshape(-1, load.shape[-1])
+    return _top_b_rows(rows, capacity).reshape(load.shape)
+
+
+@njit(cache=True, nogil=True)
+def _top_b_rows(rows: np.ndarray, capacity: int) -> np.ndarray:
+    out = np.empty(rows.shape, np.bool_)
+    for r in range(rows.shape[0]):
+        out[r] = top_b_row(rows[r], capacity)
+    return out
 
 
 def refresh_bits(resident: np.ndarray, target: np.ndarray, n_target: np.ndarray, capacity: int,
