@@ -32,12 +32,8 @@ experts, so it touches torch at most once (the live load's numpy view; a replay 
 rows) and then works on numpy: a bool [layers, E] residency (systems read their row
 through a read-only view, and the load read-only too), plans of masks (moves as masks or
 ids; masks cost the checks least), and a ledger that charges a batch of forwards in a few
-array passes. The per-layer loops that numpy would spread over many ~1 us calls are
-compiled with numba: the plan rules (`layer_rules`), the ledger's tallies and forward
-clock (harness/core/tallies.py, clock.py), and tide's refresh and mixtral_offload's LRU
-layer in their own files. Each is a scalar loop doing the float operations of the rule it
-implements in the same order (no fastmath), so the results are the bits of the numpy
-formulation they replaced (the golden grid of tests/test_golden.py held them equal).
+array passes. Per-layer loops run compiled (numba: `layer_rules`, the ledger's tallies
+and clock), each doing its rule's float operations in order (no fastmath): same bits.
 
 Lossless: `run_experts` computes every routed expert with one call of
 `compute_routed_experts` in canonical order, so on one device every placement gives the
@@ -68,7 +64,6 @@ __all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in h
 _NO_COPIES: tuple[tuple[int, int], ...] = ()  # a plan that issues no async copy
 _NAN = float("nan")
 _INT64 = np.dtype(np.int64)
-
 
 
 @dataclass(eq=False, slots=True)
