@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 from harness.core.cost import CostModel
 from harness.core.ordered_sums import torch_sum
@@ -221,31 +222,40 @@ class Oracle(System):
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load
-        chosen, _, exact = best_gpu_set(loads, self.capacity, self.ctx.cost)
+        chosen, _, exact = best_gpu_set(load, self.capacity, self.ctx.cost)
         self.planned_layers += 1
         self.inexact_layers += not exact
-        routed = loads > 0
-        gpu = np.zeros(loads.shape[0], bool)
+        gpu = np.zeros(load.shape[0], bool)
         gpu[chosen] = True
-        held = self._held(loads, gpu, resident)
-        scratch = np.greater(gpu, held)  # the moves as masks: the engine checks them without conversions
+        masks = np.empty((4, load.shape[0]), bool)  # filled by the kernel: returning arrays from numba costs more
+        held_moves(load, gpu, resident, self.capacity, masks)
+        cpu, fetch_sync, scratch, evict = masks[0], masks[1], masks[2], masks[3]
         return LayerPlan(
-            gpu=gpu, cpu=np.greater(routed, gpu), fetch_sync=np.greater(held, resident) | scratch, scratch=scratch,
-            evict=np.greater(resident, held), free_moves=True,  # hindsight: the engine charges no residency move
+            gpu=gpu, cpu=cpu, fetch_sync=fetch_sync, scratch=scratch, evict=evict,
+            free_moves=True,  # hindsight: the engine charges no residency move
         )
-
-    def _held(self, loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray) -> np.ndarray:
-        """bool [E]: B experts to hold (moves are free, so which ones is immaterial to the
-        charge): G's experts already resident (a resident expert cannot be a scratch copy),
-        then G's heaviest, then, when G is smaller than B, the heaviest other routed ones, so
-        the GPU holds this step's top-B when G is heaviest-first (ties to the lower id)."""
-        routed = np.flatnonzero(loads)
-        by_load = routed[(-loads[routed]).argsort(kind="stable")]
-        rank = np.where(gpu[by_load], np.where(resident[by_load], 0, 1), 2)
-        held = np.zeros(loads.shape[0], bool)
-        held[by_load[rank.argsort(kind="stable")[: self.capacity]]] = True
-        return held
 
     def report(self) -> dict[str, object]:
         return {"planned_layers": self.planned_layers, "inexact_layers": self.inexact_layers}
+
+
+@njit(cache=True, nogil=True)
+def held_moves(loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray, capacity: int, masks: np.ndarray) -> None:
+    """The B experts to hold and the moves to them, into masks [4, E]: cpu (routed, not on
+    the GPU), fetch_sync (held and not resident, plus the scratch copies), scratch (G's
+    experts not held) and evict (resident, not held). Moves are free, so which experts
+    are held is immaterial to the charge: G's experts already resident (a resident expert
+    cannot be a scratch copy), then G's heaviest, then, when G is smaller than B, the
+    heaviest other routed ones, so the GPU holds this step's top-B when G is
+    heaviest-first (ties to the lower id: both sorts are stable)."""
+    routed = np.flatnonzero(loads)
+    by_load = routed[np.argsort(-loads[routed], kind="mergesort")]
+    rank = np.where(gpu[by_load], np.where(resident[by_load], 0, 1), 2)
+    held = np.zeros(loads.shape[0], np.bool_)
+    held[by_load[np.argsort(rank, kind="mergesort")[:capacity]]] = True
+    cpu, fetch_sync, scratch, evict = masks[0], masks[1], masks[2], masks[3]
+    for e in range(loads.shape[0]):
+        cpu[e] = loads[e] > 0 and not gpu[e]
+        scratch[e] = gpu[e] and not held[e]
+        fetch_sync[e] = (held[e] and not resident[e]) or scratch[e]
+        evict[e] = resident[e] and not held[e]
