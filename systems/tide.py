@@ -63,10 +63,9 @@ def parse_tau(tau: object) -> int | str | None:
     return value
 
 
-def refresh_plan(now: np.ndarray, loads: np.ndarray, routed: np.ndarray, capacity: int, migration: str
-                 ) -> tuple[LayerPlan, int]:
+def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: str) -> tuple[LayerPlan, int]:
     """A refresh: promote this step's top-B, demote only as many residents as needed
-    (bool `now`, int `loads` and its bool `routed` [E] as numpy). sync: copies land before
+    (bool `now` and int64 `loads` [E] as numpy). sync: copies land before
     the layer and the promoted experts compute on the GPU; async: hits run on the GPU,
     everything else on the CPU while the copies proceed. Returns the plan (its moves as
     masks: ascending ids) and how many experts it promotes."""
@@ -207,12 +206,10 @@ class Tide(System):
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load
-        routed = loads > 0
-        now = resident
         if not self.refreshing:
-            return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
-        plan, promoted = refresh_plan(now, loads, routed, self.capacity, self.migration)
+            routed = load > 0
+            return LayerPlan(gpu=routed & resident, cpu=np.greater(routed, resident))
+        plan, promoted = refresh_plan(resident, load, self.capacity, self.migration)
         self.migrated += promoted
         return plan
 

@@ -204,14 +204,12 @@ class TideAdaptive(System):
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        loads = load
-        routed = loads > 0
-        now = resident
         if self.current is not None and self.current.kind == "denoise":
-            self._observe(loads, now)
+            self._observe(load, resident)
         if not self.refreshing:
-            return LayerPlan(gpu=routed & now, cpu=np.greater(routed, now))
-        plan, promoted = refresh_plan(now, loads, routed, self.capacity, self.migration)
+            routed = load > 0
+            return LayerPlan(gpu=routed & resident, cpu=np.greater(routed, resident))
+        plan, promoted = refresh_plan(resident, load, self.capacity, self.migration)
         self.migrated += promoted
         return plan
 

@@ -54,7 +54,7 @@ import numpy as np
 from harness.core.clock import forward_times
 from harness.core.cost import CostModel, NonExpertTime
 from harness.core.ordered_sums import running_sum, table_row_sums
-from harness.core.pipeline import MissPipeline, miss_pipeline
+from harness.core.pipeline import MissPipeline
 from harness.core.tallies import LayerTallies, layer_tallies
 from harness.decode.decoding import StepInfo
 
@@ -284,7 +284,7 @@ class Ledger:
         loads = out.loads
         hit_s = self.gpu_seconds(loads, lambda: out.on_gpu & ~out.missed, tally.n_hit, tally.top)
         table = self.cost.time_table("gpu", tally.top)
-        return miss_pipeline(loads, out.on_gpu, out.missed, table, hit_s, self.pipeline_slots)
+        return MissPipeline(self.pipeline_slots, hit_s, loads, out.on_gpu & out.missed, table)
 
     def _append_steps(self, steps: list[StepInfo], routed: list[int], missed: list[int], totals: list[float]) -> None:
         for i, step in enumerate(steps):

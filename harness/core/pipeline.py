@@ -56,11 +56,3 @@ def pipelined_layer(hits_start: float, link_start: float, hit_s: float, miss_s: 
         starts[i] = start
         gpu_free = start + miss_s[i]
     return gpu_free, link
-
-
-def miss_pipeline(loads: np.ndarray, on_gpu: np.ndarray, missed: np.ndarray, gpu_table: np.ndarray,
-                  hit_s: np.ndarray, slots: int) -> MissPipeline:
-    """The pipeline inputs of n x m layers (hit_s: the resident GPU experts' seconds); the
-    ledger's clock gathers each layer's missed GPU experts' seconds in ascending id order
-    (the order their copies are issued)."""
-    return MissPipeline(slots, hit_s, loads, on_gpu & missed, gpu_table)
