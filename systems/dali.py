@@ -51,11 +51,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from numba import njit
 
-from harness.core.cost import CostModel
-from harness.core.ordered_sums import torch_sum
 from harness.errors import HarnessError
 from systems.base import LayerPlan, PrepareContext, System
+from systems.dali_assign import assign_layer, finish_time
 
 
 @dataclass
@@ -67,89 +67,6 @@ class DaliConfig:
     prefetch_k: int = 4
     decay: float = 0.5
     overlap: bool = True  # DALI runs the CPU and GPU sides concurrently
-
-
-Array = np.ndarray | torch.Tensor
-
-
-def _np(x: Array) -> np.ndarray:
-    return x.numpy() if isinstance(x, torch.Tensor) else x
-
-
-def side_costs(load: Array, held: Array, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
-    """Per expert: seconds on the GPU side (compute, plus one copy if not resident) and on
-    the CPU (float64 [E]; 0 for unrouted experts)."""
-    loads = _np(load)
-    routed = loads > 0
-    top = int(loads.max()) if loads.size else 0
-    gpu = cost.time_table("gpu", top)[loads] + np.where(routed & ~_np(held), cost.copy_time(1), 0.0)
-    return gpu, cost.time_table("cpu", top)[loads]
-
-
-def finish_time(on_gpu: Array, load: Array, held: Array, cost: CostModel) -> float:
-    """Phi of an assignment: the later of the GPU side (copies + compute) and the CPU."""
-    gpu, cpu = side_costs(load, held, cost)
-    routed, on_gpu = _np(load) > 0, _np(on_gpu)
-    return max(torch_sum(gpu[on_gpu & routed]), torch_sum(cpu[~on_gpu & routed]))
-
-
-def greedy_assignment(load: Array, held: Array, cost: CostModel) -> np.ndarray:
-    """bool [E]: routed experts placed on the GPU by the heaviest-first greedy, then
-    refined by single moves and pairwise swaps."""
-    gpu, cpu = side_costs(load, held, cost)
-    return refine(greedy_pass(load, gpu, cpu), _np(load) > 0, gpu, cpu)
-
-
-def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
-    """Heaviest expert first, each to the side whose finish time after taking it is
-    smaller (ties: the side where it costs less)."""
-    loads = _np(load)
-    on_gpu = np.zeros(loads.shape[0], bool)
-    gpu_side = cpu_side = 0.0
-    order = np.argsort(-loads, kind="stable")  # heaviest first, ties: lower id first
-    gpu_s, cpu_s = gpu.tolist(), cpu.tolist()
-    for e in order[loads[order] > 0].tolist():
-        g, c = gpu_s[e], cpu_s[e]
-        # (max(gpu_side + g, cpu_side), g) <= (max(gpu_side, cpu_side + c), c), without the
-        # tuples and max calls: this loop runs over every routed expert of every layer
-        with_gpu, with_cpu = gpu_side + g, cpu_side + c
-        finish_gpu = with_gpu if with_gpu >= cpu_side else cpu_side
-        finish_cpu = gpu_side if gpu_side >= with_cpu else with_cpu
-        if finish_gpu < finish_cpu or (finish_gpu == finish_cpu and g <= c):
-            on_gpu[e] = True
-            gpu_side += g
-        else:
-            cpu_side += c
-    return on_gpu
-
-
-def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
-    """Move one expert to the other side, or swap a GPU expert with a CPU one, while that
-    lowers the finish time (the best such change each round). Token order misjudges
-    experts whose copy makes them costly on the GPU; heaviest-first alone can be off by a
-    factor close to 2 (tests/test_dali.py)."""
-    on_gpu = on_gpu.copy()
-    while True:
-        gpu_side, cpu_side = torch_sum(gpu[on_gpu]), torch_sum(cpu[routed & ~on_gpu])
-        moved = np.where(
-            on_gpu, np.maximum(gpu_side - gpu, cpu_side + cpu), np.maximum(gpu_side + gpu, cpu_side - cpu)
-        )
-        moved[~routed] = np.inf
-        g_ids = np.flatnonzero(on_gpu)
-        c_ids = np.flatnonzero(routed & ~on_gpu)
-        # [GPU expert e, CPU expert f]: e goes to the CPU, f to the GPU
-        swapped = np.maximum(
-            gpu_side - gpu[g_ids, None] + gpu[None, c_ids], cpu_side - cpu[None, c_ids] + cpu[g_ids, None]
-        )
-        best_move = int(moved.argmin())
-        after = float(moved[best_move])
-        change = [best_move]
-        if swapped.size and float(swapped.min()) < after:
-            i, j = divmod(int(swapped.argmin()), swapped.shape[1])
-            after, change = float(swapped[i, j]), [int(g_ids[i]), int(c_ids[j])]
-        if not after < max(gpu_side, cpu_side) * (1 - 1e-12):
-            return on_gpu
-        on_gpu[change] = ~on_gpu[change]
 
 
 class Dali(System):
@@ -177,9 +94,9 @@ class Dali(System):
         self.assign, self.prefetch, self.replacement = assign, prefetch, replacement
         self.prefetch_k, self.decay = prefetch_k, float(decay)
         self.wants_hint = prefetch
-        self.held: list[set[int]] = []  # mirror of the engine's residency (for layer + 1)
-        self.score = torch.zeros(0)  # [L, E] decayed workload
-        self.last_use = torch.zeros(0)  # [L, E] tick of the last GPU use or arrival (LRU)
+        self.held = np.zeros((0, 0), bool)  # [L, E] mirror of the engine's residency (for layer + 1)
+        self.score = np.zeros((0, 0))  # [L, E] decayed workload
+        self.last_use = np.zeros((0, 0))  # [L, E] tick of the last GPU use or arrival (LRU)
         self.tick = 0
         self.counts = {"gpu_experts": 0, "cpu_experts": 0, "cached": 0, "scratch": 0, "prefetched": 0}
 
@@ -191,7 +108,9 @@ class Dali(System):
     def initial_residency(self, n_layers: int, n_experts: int, capacity: int) -> list[set[int]]:
         initial = super().initial_residency(n_layers, n_experts, capacity)
         self.capacity = capacity
-        self.held = [set(experts) for experts in initial]
+        self.held = np.zeros((n_layers, n_experts), bool)
+        for layer, experts in enumerate(initial):
+            self.held[layer, list(experts)] = True
         self.total = capacity * n_layers  # under budget.scope=global
         self.score = np.zeros((n_layers, n_experts))
         # recency in id order, expert 0 least recent (as mixtral_offload)
@@ -203,65 +122,58 @@ class Dali(System):
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         self.tick += 1
-        self.held[layer] = set(np.flatnonzero(resident).tolist())  # the engine's residency is the truth
+        self.held[layer] = resident  # the engine's residency is the truth
         loads, held = load, resident
         self.score[layer] = self.decay * self.score[layer] + loads.astype(np.float64)
         routed = loads > 0
-        on_gpu = greedy_assignment(loads, held, self.ctx.cost) if self.assign else routed & held
-        fetch = np.flatnonzero(on_gpu & ~held).tolist()
+        if self.assign:
+            on_gpu = np.zeros(loads.shape[0], bool)
+            finish = assign_layer(loads, held, self.ctx.cost, on_gpu)
+        else:
+            on_gpu = routed & held
+            finish = finish_time(on_gpu, loads, held, self.ctx.cost)
+        cpu = routed & ~on_gpu
         elsewhere: list[tuple[int, int]] = []
         if self.global_scope:
+            fetch = np.flatnonzero(on_gpu & ~held).tolist()
             cached, scratch, evict, elsewhere = self._admit_global(layer, fetch, on_gpu)
+            n_fetch, n_cached, n_scratch = len(fetch), len(cached), len(scratch)
+            fetch, scratch = sorted(fetch), sorted(scratch)
         else:
-            cached, scratch, evict = self._admit(layer, fetch, on_gpu)
-        self.last_use[layer, np.flatnonzero(on_gpu)] = self.tick
-        self.counts["gpu_experts"] += int(on_gpu.sum())
-        self.counts["cpu_experts"] += int((routed & ~on_gpu).sum())
-        self.counts["cached"] += len(cached)
-        self.counts["scratch"] += len(scratch)
+            moves = np.zeros((3, loads.shape[0]), bool)  # filled by the kernel: returning arrays from numba costs more
+            key = self.score[layer] if self.replacement else self.last_use[layer]
+            n_cached, n_scratch = admit_layer(on_gpu, self.held[layer], self.score[layer], key, self.capacity,
+                                              self.replacement, moves)
+            n_fetch = n_cached + n_scratch
+            fetch, scratch, evict = moves[0], moves[1], moves[2]
+        self.last_use[layer, on_gpu] = self.tick
+        self.counts["gpu_experts"] += int(np.count_nonzero(on_gpu))
+        self.counts["cpu_experts"] += int(np.count_nonzero(cpu))
+        self.counts["cached"] += n_cached
+        self.counts["scratch"] += n_scratch
         plan = LayerPlan(
-            gpu=on_gpu, cpu=routed & ~on_gpu, fetch_sync=sorted(fetch),
-            scratch=sorted(scratch), evict=evict, evict_elsewhere=elsewhere, prefetch=[],  # extended by prefetching
+            gpu=on_gpu, cpu=cpu, fetch_sync=fetch, scratch=scratch, evict=evict, evict_elsewhere=elsewhere,
+            prefetch=[],  # extended by prefetching
         )
-        if self.prefetch and hint is not None and layer + 1 < len(self.held):
-            room = self._idle_link_copies(loads, held, on_gpu, len(fetch))
+        if self.prefetch and hint is not None and layer + 1 < self.held.shape[0]:
+            room = self._idle_link_copies(finish, n_fetch)
             if self.global_scope:
                 self._prefetch_global(layer, plan, hint, room, on_gpu)
             else:
                 plan.prefetch, plan.prefetch_evict = self._prefetch(layer + 1, hint, room)
         return plan
 
-    def _idle_link_copies(self, load: np.ndarray, held: np.ndarray, on_gpu: np.ndarray, n_sync: int) -> int:
+    def _idle_link_copies(self, finish: float, n_sync: int) -> int:
         """Copies that fit in the link's idle time while this layer computes: the layer
         lasts its finish time, its sync copies hold the link first. A prefetch beyond that
         would delay the next layer's own sync copies on the shared link."""
         cost = self.ctx.cost
-        idle = finish_time(on_gpu, load, held, cost) - cost.copy_time(n_sync)
-        return max(0, int(idle / cost.copy_time(1)))
+        return max(0, int((finish - cost.copy_time(n_sync)) / cost.copy_time(1)))
 
     def _victims(self, layer: int, candidates: set[int]) -> list[int]:
         """Eviction order among `candidates`: lowest score (replacement) or least recent."""
         key = self.score[layer] if self.replacement else self.last_use[layer]
         return sorted(candidates, key=lambda e: (float(key[e]), e))
-
-    def _admit(self, layer: int, fetch: list[int], on_gpu: np.ndarray) -> tuple[list[int], list[int], list[int]]:
-        """Which copied experts stay cached (and whom they evict); the rest are scratch."""
-        held = self.held[layer]
-        room = self.capacity - len(held)
-        victims = self._victims(layer, {e for e in held if not bool(on_gpu[e])})
-        cached, scratch, evict = [], [], []
-        for e in sorted(fetch, key=lambda e: (-float(self.score[layer, e]), e)):
-            if room > 0:
-                room -= 1
-                cached.append(e)
-            elif victims and (not self.replacement or self.score[layer, e] > self.score[layer, victims[0]]):
-                evict.append(victims.pop(0))
-                cached.append(e)
-            else:
-                scratch.append(e)
-        held.difference_update(evict)
-        held.update(cached)
-        return cached, scratch, evict
 
     def _prefetch(self, layer: int, hint: torch.Tensor, room: int) -> tuple[list[int], list[int]]:
         """Copy layer `layer`'s predicted-heaviest missing experts in (at most `room` of
@@ -271,9 +183,9 @@ class Dali(System):
         order = np.argsort(-predicted, kind="stable")  # heaviest first, ties: lower id first
         order = order[predicted[order] > 0].tolist()
         protected = set(order[: self.capacity])
-        guesses = [e for e in order if e not in held][: min(self.prefetch_k, self.capacity, room)]
-        room = self.capacity - len(held)
-        victims = self._victims(layer, held - protected)
+        guesses = [e for e in order if not held[e]][: min(self.prefetch_k, self.capacity, room)]
+        room = self.capacity - int(np.count_nonzero(held))
+        victims = self._victims(layer, set(np.flatnonzero(held).tolist()) - protected)
         fetch, evict = [], []
         for e in guesses:
             if room > 0:
@@ -283,8 +195,8 @@ class Dali(System):
             else:
                 break
             fetch.append(e)
-        held.difference_update(evict)
-        held.update(fetch)
+        held[evict] = False
+        held[fetch] = True
         self.last_use[layer, fetch] = self.tick
         self.counts["prefetched"] += len(fetch)
         return fetch, evict
@@ -295,12 +207,12 @@ class Dali(System):
         score (replacement) or least recent first; ties to the lower layer, then the lower id."""
         key = self.score if self.replacement else self.last_use
         pairs = [(float(key[layer, e]), layer, e) for layer, held in enumerate(self.held)
-                 for e in held if e not in keep.get(layer, ())]
+                 for e in np.flatnonzero(held).tolist() if e not in keep.get(layer, ())]
         pairs.sort()
         return [(layer, e) for _, layer, e in pairs]
 
     def _free_slots(self) -> int:
-        return self.total - sum(len(held) for held in self.held)
+        return self.total - int(np.count_nonzero(self.held))
 
     def _drop(self, layer: int, victim: tuple[int, int], evict: list[int], elsewhere: list[tuple[int, int]]) -> None:
         """Evict `victim`: into `evict` if it is `layer`'s own, else into `elsewhere`."""
@@ -309,7 +221,7 @@ class Dali(System):
             evict.append(e)
         else:
             elsewhere.append(victim)
-        self.held[other].discard(e)
+        self.held[other, e] = False
 
     def _admit_global(self, layer: int, fetch: list[int], on_gpu: np.ndarray
                       ) -> tuple[list[int], list[int], list[int], list[tuple[int, int]]]:
@@ -329,7 +241,7 @@ class Dali(System):
                 cached.append(e)
             else:
                 scratch.append(e)
-        held.update(cached)
+        held[cached] = True
         return cached, scratch, evict, elsewhere
 
     def _prefetch_global(self, layer: int, plan: LayerPlan, hint: torch.Tensor, room: int,
@@ -342,7 +254,7 @@ class Dali(System):
         order = np.argsort(-predicted, kind="stable")
         order = order[predicted[order] > 0].tolist()
         dropped = {e for other, e in plan.evict_elsewhere if other == nxt}  # by this plan's admission
-        guesses = [e for e in order if e not in held and e not in dropped][: min(self.prefetch_k, self.capacity, room)]
+        guesses = [e for e in order if not held[e] and e not in dropped][: min(self.prefetch_k, self.capacity, room)]
         if not guesses:
             return
         free = self._free_slots()
@@ -365,7 +277,7 @@ class Dali(System):
                 plan.evict.append(e)
             else:
                 plan.evict_elsewhere.append((other, e))
-        held.update(plan.prefetch)
+        held[plan.prefetch] = True
         self.last_use[nxt, plan.prefetch] = self.tick
         self.counts["prefetched"] += len(plan.prefetch)
 
@@ -376,3 +288,36 @@ class Dali(System):
             "replacement": self.replacement,
             **{f"dali_{k}": v for k, v in self.counts.items()},
         }
+
+
+@njit(cache=True, nogil=True)
+def admit_layer(on_gpu: np.ndarray, held: np.ndarray, score: np.ndarray, key: np.ndarray, capacity: int,
+                replacement: bool, moves: np.ndarray) -> tuple[int, int]:
+    """Which of the layer's copied experts (on the GPU, not held) stay cached, and whom
+    they evict; into moves [3, E]: fetch_sync, scratch, evict. The copies go heaviest
+    score first (ties: lower id), into a free slot, else in place of the next victim: the
+    held experts this layer does not compute on the GPU, lowest `key` first (ties: lower
+    id), and with replacement only when the copy's score is higher; else to scratch.
+    Updates `held`; returns (cached, scratch)."""
+    fetch_mask, scratch_mask, evict_mask = moves[0], moves[1], moves[2]
+    n_held = 0
+    for e in range(held.shape[0]):
+        n_held += held[e]
+    fetch = np.flatnonzero(on_gpu & ~held)
+    victims = np.flatnonzero(held & ~on_gpu)
+    victims = victims[np.argsort(key[victims], kind="mergesort")]
+    room, next_victim, n_cached = capacity - n_held, 0, 0
+    for e in fetch[np.argsort(-score[fetch], kind="mergesort")]:
+        fetch_mask[e] = True
+        if room > 0:
+            room -= 1
+        elif next_victim < len(victims) and (not replacement or score[e] > score[victims[next_victim]]):
+            evict_mask[victims[next_victim]] = True
+            next_victim += 1
+        else:
+            scratch_mask[e] = True
+            continue
+        n_cached += 1
+    for e in range(held.shape[0]):
+        held[e] = (held[e] and not evict_mask[e]) or (fetch_mask[e] and not scratch_mask[e])
+    return n_cached, len(fetch) - n_cached

@@ -1,0 +1,195 @@
+"""DALI's per-layer 0-1 assignment (DESIGN section 7, systems/dali.py): every routed expert
+goes to the GPU or the CPU so that the layer's finish time
+
+    Phi = max(sum_GPU (gpu(n_e) + copy(e)), sum_CPU cpu(n_e))
+
+is small. Heaviest expert first, each to the side whose finish time after taking it is
+smaller (ties: the side where it costs less); then the best single move or GPU/CPU swap,
+round after round, while one lowers Phi.
+
+It runs for every layer of every forward on the live path, so the loops are compiled
+(numba). The side sums are the policy's own estimate, added in ascending expert id order;
+the ledger charges the plan with its own (torch-ordered) sums, so this order only decides
+ties between assignments equal to the last bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from harness.core.cost import CostModel
+
+Array = np.ndarray | torch.Tensor
+
+
+def _np(x: Array) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _tables(loads: np.ndarray, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    top = int(loads.max()) if loads.size else 0
+    return cost.time_table("gpu", top), cost.time_table("cpu", top)
+
+
+def side_costs(load: Array, held: Array, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Per expert: seconds on the GPU side (compute, plus one copy if not resident) and on
+    the CPU (float64 [E]; 0 for unrouted experts)."""
+    loads, held = _np(load), _np(held)
+    gpu, cpu = np.empty(loads.shape[0]), np.empty(loads.shape[0])
+    _side_costs(loads, held, *_tables(loads, cost), cost.copy_time(1), gpu, cpu)
+    return gpu, cpu
+
+
+def finish_time(on_gpu: Array, load: Array, held: Array, cost: CostModel) -> float:
+    """Phi of an assignment: the later of the GPU side (copies + compute) and the CPU."""
+    gpu, cpu = side_costs(load, held, cost)
+    return _phi(_np(on_gpu), _np(load), gpu, cpu)
+
+
+def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+    """bool [E]: the heaviest-first pass alone (no refinement)."""
+    loads = _np(load)
+    on_gpu = np.zeros(loads.shape[0], np.bool_)
+    _greedy_pass(loads, gpu, cpu, on_gpu)
+    return on_gpu
+
+
+def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+    """`on_gpu` after the moves and swaps (a copy). Token order misjudges experts whose
+    copy makes them costly on the GPU; heaviest-first alone can be off by a factor close
+    to 2 (tests/test_dali.py)."""
+    refined = on_gpu.copy()
+    _refine(refined, routed.astype(np.int64), gpu, cpu)
+    return refined
+
+
+def greedy_assignment(load: Array, held: Array, cost: CostModel) -> np.ndarray:
+    """bool [E]: routed experts placed on the GPU by the heaviest-first greedy, then
+    refined by single moves and pairwise swaps."""
+    on_gpu = np.zeros(_np(load).shape[0], np.bool_)
+    assign_layer(_np(load), _np(held), cost, on_gpu)
+    return on_gpu
+
+
+def assign_layer(loads: np.ndarray, held: np.ndarray, cost: CostModel, on_gpu: np.ndarray) -> float:
+    """Fill `on_gpu` (bool [E], zeroed) with the refined greedy assignment; return its Phi."""
+    return _assign(loads, held, *_tables(loads, cost), cost.copy_time(1), on_gpu)
+
+
+# ---- compiled kernels -------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _side_costs(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_table: np.ndarray,
+                copy_one: float, gpu: np.ndarray, cpu: np.ndarray) -> None:
+    for e in range(loads.shape[0]):
+        gpu[e] = gpu_table[loads[e]] + (copy_one if loads[e] > 0 and not held[e] else 0.0)
+        cpu[e] = cpu_table[loads[e]]
+
+
+@njit(cache=True, nogil=True)
+def _phi(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> float:
+    gpu_side = cpu_side = 0.0
+    for e in range(loads.shape[0]):
+        if loads[e] > 0:
+            if on_gpu[e]:
+                gpu_side += gpu[e]
+            else:
+                cpu_side += cpu[e]
+    return max(gpu_side, cpu_side)
+
+
+@njit(cache=True, nogil=True)
+def _greedy_pass(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, on_gpu: np.ndarray) -> None:
+    gpu_side = cpu_side = 0.0
+    for e in _heaviest_first(loads):
+        g, c = gpu[e], cpu[e]
+        with_gpu, with_cpu = gpu_side + g, cpu_side + c
+        finish_gpu = max(with_gpu, cpu_side)
+        finish_cpu = max(gpu_side, with_cpu)
+        if finish_gpu < finish_cpu or (finish_gpu == finish_cpu and g <= c):
+            on_gpu[e] = True
+            gpu_side = with_gpu
+        else:
+            cpu_side = with_cpu
+
+
+@njit(cache=True, nogil=True)
+def _heaviest_first(loads: np.ndarray) -> np.ndarray:
+    """The routed experts, most tokens first, ties to the lower id (a counting sort: loads
+    are token counts, at most a block's tokens x top-k)."""
+    top = 0
+    for e in range(loads.shape[0]):
+        top = max(top, loads[e])
+    starts = np.zeros(top + 2, np.int64)  # starts[top - v]: where load v's run begins
+    for e in range(loads.shape[0]):
+        if loads[e] > 0:
+            starts[top - loads[e] + 1] += 1
+    for v in range(1, top + 1):
+        starts[v] += starts[v - 1]
+    order = np.empty(starts[top], np.int64)
+    for e in range(loads.shape[0]):
+        if loads[e] > 0:
+            order[starts[top - loads[e]]] = e
+            starts[top - loads[e]] += 1
+    return order
+
+
+@njit(cache=True, nogil=True)
+def _refine(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> None:
+    """The best single move or swap while it lowers Phi: the first best move in id order,
+    then a swap [GPU expert e -> CPU, CPU expert f -> GPU] only if strictly better (first
+    in (e, f) order)."""
+    n = loads.shape[0]
+    g_ids, c_ids = np.empty(n, np.int64), np.empty(n, np.int64)
+    while True:
+        gpu_side = cpu_side = 0.0
+        c_gpu_min, c_cpu_max = np.inf, -np.inf  # over the CPU side's experts
+        n_g = n_c = 0
+        for e in range(n):
+            if on_gpu[e]:
+                gpu_side += gpu[e]
+                g_ids[n_g] = e
+                n_g += 1
+            elif loads[e] > 0:
+                cpu_side += cpu[e]
+                c_ids[n_c] = e
+                n_c += 1
+                c_gpu_min, c_cpu_max = min(c_gpu_min, gpu[e]), max(c_cpu_max, cpu[e])
+        after, first, second = np.inf, -1, -1
+        for e in range(n):
+            if loads[e] <= 0:
+                continue
+            if on_gpu[e]:
+                moved = max(gpu_side - gpu[e], cpu_side + cpu[e])
+            else:
+                moved = max(gpu_side + gpu[e], cpu_side - cpu[e])
+            if moved < after:
+                after, first = moved, e
+        for i in range(n_g):
+            e = g_ids[i]
+            gpu_out, cpu_in = gpu_side - gpu[e], cpu[e]
+            # a bound below every swap of e (float rounding is monotone): most rows end here
+            if max(gpu_out + c_gpu_min, cpu_side - c_cpu_max + cpu_in) >= after:
+                continue
+            for j in range(n_c):
+                f = c_ids[j]
+                swapped = max(gpu_out + gpu[f], cpu_side - cpu[f] + cpu_in)
+                if swapped < after:
+                    after, first, second = swapped, e, f
+        if first < 0 or not after < max(gpu_side, cpu_side) * (1 - 1e-12):
+            return
+        on_gpu[first] = not on_gpu[first]
+        if second >= 0:
+            on_gpu[second] = not on_gpu[second]
+
+
+@njit(cache=True, nogil=True)
+def _assign(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_table: np.ndarray,
+            copy_one: float, on_gpu: np.ndarray) -> float:
+    n = loads.shape[0]
+    gpu, cpu = np.empty(n), np.empty(n)
+    _side_costs(loads, held, gpu_table, cpu_table, copy_one, gpu, cpu)
+    _greedy_pass(loads, gpu, cpu, on_gpu)
+    _refine(on_gpu, loads, gpu, cpu)
+    return _phi(on_gpu, loads, gpu, cpu)
