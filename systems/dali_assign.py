@@ -20,6 +20,7 @@ import torch
 from numba import njit
 
 from harness.core.cost import CostModel
+from harness.core.counting_sort import heaviest_first
 
 Array = np.ndarray | torch.Tensor
 
@@ -102,7 +103,7 @@ def _phi(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray
 @njit(cache=True, nogil=True)
 def _greedy_pass(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, on_gpu: np.ndarray) -> None:
     gpu_side = cpu_side = 0.0
-    for e in _heaviest_first(loads):
+    for e in heaviest_first(loads):
         g, c = gpu[e], cpu[e]
         with_gpu, with_cpu = gpu_side + g, cpu_side + c
         finish_gpu = max(with_gpu, cpu_side)
@@ -112,27 +113,6 @@ def _greedy_pass(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, on_gpu: np
             gpu_side = with_gpu
         else:
             cpu_side = with_cpu
-
-
-@njit(cache=True, nogil=True)
-def _heaviest_first(loads: np.ndarray) -> np.ndarray:
-    """The routed experts, most tokens first, ties to the lower id (a counting sort: loads
-    are token counts, at most a block's tokens x top-k)."""
-    top = 0
-    for e in range(loads.shape[0]):
-        top = max(top, loads[e])
-    starts = np.zeros(top + 2, np.int64)  # starts[top - v]: where load v's run begins
-    for e in range(loads.shape[0]):
-        if loads[e] > 0:
-            starts[top - loads[e] + 1] += 1
-    for v in range(1, top + 1):
-        starts[v] += starts[v - 1]
-    order = np.empty(starts[top], np.int64)
-    for e in range(loads.shape[0]):
-        if loads[e] > 0:
-            order[starts[top - loads[e]]] = e
-            starts[top - loads[e]] += 1
-    return order
 
 
 @njit(cache=True, nogil=True)

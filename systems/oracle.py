@@ -41,6 +41,7 @@ import torch
 from numba import njit
 
 from harness.core.cost import CostModel
+from harness.core.counting_sort import heaviest_first
 from harness.core.ordered_sums import torch_sum
 from systems.base import LayerPlan, PrepareContext, System
 
@@ -93,20 +94,29 @@ class _SubsetSums:
         return chosen
 
 
-def _heavy_options(h_n: np.ndarray, g: np.ndarray, h: np.ndarray):
-    """Per reachable count j of heavy experts on the GPU: (j, token sums s, their GPU time,
-    the CPU time they take off the CPU), plus a way back from (j, s) to the subset."""
-    fit_g, fit_h = (_affine(h_n, g), _affine(h_n, h)) if len(h_n) else ((0.0, 0.0), (0.0, 0.0))
+Options = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _heavy_options(h_n: np.ndarray, g: np.ndarray, h: np.ndarray
+                   ) -> tuple[Options, Callable[[int, int], list[int]], bool]:
+    """Per reachable count j of heavy experts on the GPU, its token sums s (ascending),
+    their GPU time and the CPU time they take off the CPU, packed for `_best_split`:
+    (j per option, where each option's rows start (and the end), s, GPU times, CPU
+    times); plus a way back from (j, s) to the subset and whether the search is exact."""
+    fit_g, fit_h = _affine(h_n, g), _affine(h_n, h)
     if fit_g is None or fit_h is None:  # not affine: all heavy experts on the GPU
-        zero = np.zeros(1)
-        options = [(len(h_n), zero, zero + torch_sum(g), zero + torch_sum(h))]
+        options = (np.array([len(h_n)]), np.array([0, 1]), np.zeros(1), np.array([torch_sum(g)]),
+                   np.array([torch_sum(h)]))
         return options, (lambda j, s: list(range(len(h_n)))), False
     sums = _SubsetSums(h_n.tolist())
-    options = []
+    counts, rows = [], []
     for j, reach in enumerate(sums.reach):
         if reach:
             s = _bits(reach).astype(np.float64)
-            options.append((j, s, j * fit_g[0] + fit_g[1] * s, j * fit_h[0] + fit_h[1] * s))
+            counts.append(j)
+            rows.append((s, j * fit_g[0] + fit_g[1] * s, j * fit_h[0] + fit_h[1] * s))
+    starts = np.cumsum([0] + [len(s) for s, _, _ in rows])
+    options = (np.array(counts), starts, *(np.concatenate([row[i] for row in rows]) for i in range(3)))
     return options, sums.subset, True
 
 
@@ -116,94 +126,155 @@ DENSE_CELLS = 4096  # up to this many (s, flat count) pairs, phi is evaluated ev
 def _min_phi(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray, heavy_cpu: np.ndarray
              ) -> tuple[float, int, int]:
     """(phi, row, col): the first minimum in row-major order of
+    phi[r, c] = max(flat_gpu[c] + heavy_gpu[r], cpu_rest[c] - heavy_cpu[r]) (`_min_phi_cells`)."""
+    return _min_phi_cells(flat_gpu, cpu_rest, heavy_gpu, heavy_cpu, DENSE_CELLS)
+
+
+def best_gpu_set(load: np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
+    """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
+    gpu = np.zeros(load.shape[0], bool)
+    value, exact = choose_gpu_set(load, capacity, cost, gpu)
+    return np.flatnonzero(gpu).tolist(), value, exact
+
+
+# no heavy experts: one option, j = 0 with the token sum 0 (as _heavy_options packs them)
+_NO_HEAVY = (np.zeros(1, np.int64), np.array([0, 1]), np.zeros(1), np.zeros(1), np.zeros(1))
+
+
+def choose_gpu_set(loads: np.ndarray, capacity: int, cost: CostModel, gpu: np.ndarray) -> tuple[float, bool]:
+    """Set G in `gpu` (bool [E], all False) minimising Phi; return (Phi(G), exact)."""
+    top = int(loads.max()) if loads.size else 0
+    gpu_table, cpu_table = cost.time_table("gpu", top), cost.time_table("cpu", top)
+    gpu_one, order = cost.gpu_expert_time(1), np.empty(loads.shape[0], np.int64)
+    n_flat, n_heavy = _split_routed(loads, gpu_table, gpu_one, order)
+    flat_ids, heavy_ids = order[:n_flat], order[n_flat : n_flat + n_heavy]
+    total_cpu = torch_sum(cpu_table[loads[loads > 0]])  # in id order
+    exact, subset_of, options = True, None, _NO_HEAVY
+    if n_heavy:
+        h_n = loads[heavy_ids]
+        options, subset_of, exact = _heavy_options(h_n, gpu_table[h_n], cpu_table[h_n])
+    value, option, row, n_on = _best_split(cpu_table[loads[flat_ids]], total_cpu, gpu_one, cost.copy_time(1),
+                                           capacity, *options, DENSE_CELLS)
+    gpu[flat_ids[:n_on]] = True
+    if subset_of is not None:
+        j, starts, sums = options[0], options[1], options[2]
+        gpu[heavy_ids[subset_of(int(j[option]), int(sums[starts[option] + row]))]] = True
+    return value, exact
+
+
+# ---- compiled search ----------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _split_routed(loads: np.ndarray, gpu_table: np.ndarray, gpu_one: float, order: np.ndarray) -> tuple[int, int]:
+    """Into `order`: the flat routed experts (GPU time that of one token) heaviest first
+    (ties to the lower id), then the heavy ones by id; returns their counts."""
+    n_flat = 0
+    for e in heaviest_first(loads):
+        if gpu_table[loads[e]] == gpu_one:
+            order[n_flat] = e
+            n_flat += 1
+    n_heavy = 0
+    for e in range(loads.shape[0]):
+        if loads[e] > 0 and gpu_table[loads[e]] != gpu_one:
+            order[n_flat + n_heavy] = e
+            n_heavy += 1
+    return n_flat, n_heavy
+
+
+@njit(cache=True, nogil=True)
+def _best_split(flat_cpu: np.ndarray, total_cpu: float, gpu_one: float, copy_one: float, capacity: int,
+                option_j: np.ndarray, option_start: np.ndarray, sums: np.ndarray, heavy_gpu: np.ndarray,
+                heavy_cpu: np.ndarray, dense_cells: int) -> tuple[float, int, int, int]:
+    """min Phi over the heavy options (option i: j = option_j[i] heavy experts on the GPU,
+    their reachable token sums and two times in [option_start[i], option_start[i + 1])) and
+    the number of flat experts on the GPU, heaviest first; (Phi, option, row, flat count)."""
+    n_cols = flat_cpu.shape[0] + 1
+    cpu_rest, flat_gpu = np.empty(n_cols), np.empty(n_cols)
+    saved = 0.0  # the CPU seconds of the k heaviest flat experts, added in that order
+    cpu_rest[0] = total_cpu - saved
+    for k in range(1, n_cols):
+        saved += flat_cpu[k - 1]
+        cpu_rest[k] = total_cpu - saved
+    rest_min = cpu_rest.min()
+    best, best_option, best_row, best_col = np.inf, -1, 0, 0
+    for i in range(option_j.shape[0]):
+        lo, hi = option_start[i], option_start[i + 1]
+        for k in range(n_cols):
+            flat_gpu[k] = copy_one * max(k + option_j[i] - capacity, 0.0) + k * gpu_one
+        # a bound below every cell of this option (rounding is monotone): skip it when it
+        # cannot beat the best so far, which only a strictly lower phi replaces
+        if max(flat_gpu.min() + heavy_gpu[lo:hi].min(), rest_min - heavy_cpu[lo:hi].max()) >= best:
+            continue
+        value, row, col = _min_phi_cells(flat_gpu, cpu_rest, heavy_gpu[lo:hi], heavy_cpu[lo:hi], dense_cells)
+        if value < best:
+            best, best_option, best_row, best_col = value, i, row, col
+    return best, best_option, best_row, best_col
+
+
+@njit(cache=True, nogil=True)
+def _first_row_gpu_dominates(c: int, flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray,
+                             heavy_cpu: np.ndarray) -> int:
+    lo, hi = 0, heavy_gpu.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if flat_gpu[c] + heavy_gpu[mid] >= cpu_rest[c] - heavy_cpu[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _first_row_cpu_at_most(c: int, low: float, cpu_rest: np.ndarray, heavy_cpu: np.ndarray) -> int:
+    lo, hi = 0, heavy_cpu.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cpu_rest[c] - heavy_cpu[mid] <= low:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _min_phi_cells(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray, heavy_cpu: np.ndarray,
+                   dense_cells: int) -> tuple[float, int, int]:
+    """(phi, row, col): the first minimum in row-major order of
     phi[r, c] = max(flat_gpu[c] + heavy_gpu[r], cpu_rest[c] - heavy_cpu[r]), the rows being
     the reachable heavy token sums s (ascending), the columns the flat experts on the GPU.
 
     Both heavy times grow with s, so in every column the GPU side rises and the CPU side
     falls with the row: the column's minimum sits at the last row before the sides cross
     or the first after, and the first row holding that minimum is where the CPU side
-    first drops to it; both rows are searched, then checked with the same float
-    operations as the dense phi, so the choice is the dense argmin's."""
-    n_rows, n_cols = len(heavy_gpu), len(flat_gpu)
-    monotone = bool((heavy_gpu[1:] >= heavy_gpu[:-1]).all() and (heavy_cpu[1:] >= heavy_cpu[:-1]).all())
-    if n_rows * n_cols <= DENSE_CELLS or not monotone:
-        phi = np.maximum(flat_gpu[None, :] + heavy_gpu[:, None], cpu_rest[None, :] - heavy_cpu[:, None])
-        row, col = divmod(int(phi.argmin()), n_cols)
-        return float(phi[row, col]), row, col
-    cols = np.arange(n_cols)
-
-    def first_row(pred: Callable[[np.ndarray], np.ndarray], guess: np.ndarray) -> np.ndarray:
-        """Per column, the first row where the monotone (False..., True...) `pred` holds:
-        from a guess (a searchsorted on sums that round like the predicate's, so off by a
-        row or two at most), stepped until it is exact; bisection if it is not close."""
-        rows = np.clip(guess, 0, n_rows)
-        for _ in range(4):
-            down = (rows > 0) & pred(np.maximum(rows - 1, 0))
-            up = (rows < n_rows) & ~pred(np.minimum(rows, n_rows - 1))
-            if not (down.any() or up.any()):
-                return rows
-            rows = rows - down + up
-        lo, hi = np.zeros(n_cols, np.int64), np.full(n_cols, n_rows, np.int64)
-        while (open_ := lo < hi).any():
-            mid = (lo + hi) // 2
-            ok = pred(np.minimum(mid, n_rows - 1))
-            hi = np.where(open_ & ok, mid, hi)
-            lo = np.where(open_ & ~ok, mid + 1, lo)
-        return lo
-
-    def gpu_side(rows: np.ndarray) -> np.ndarray:
-        return flat_gpu + heavy_gpu[rows]
-
-    def cpu_side(rows: np.ndarray) -> np.ndarray:
-        return cpu_rest - heavy_cpu[rows]
-
-    # the first row where the GPU side dominates: gpu_side >= cpu_side <=> heavy sum >= gap
-    both = heavy_gpu + heavy_cpu
-    cross = first_row(lambda r: gpu_side(r) >= cpu_side(r), np.searchsorted(both, cpu_rest - flat_gpu))
-    before, after = np.maximum(cross - 1, 0), np.minimum(cross, n_rows - 1)
-    phi_before = np.where(cross > 0, np.maximum(gpu_side(before), cpu_side(before)), np.inf)
-    phi_after = np.where(cross < n_rows, np.maximum(gpu_side(after), cpu_side(after)), np.inf)
-    low = np.minimum(phi_before, phi_after)
-    # before the crossing phi is the falling CPU side: the first row at the minimum
-    plateau = first_row(lambda r: cpu_side(r) <= low, np.searchsorted(heavy_cpu, cpu_rest - low))
-    first = np.where(phi_before <= phi_after, plateau, after)
-    value = low.min()
-    at = cols[low == value]
-    col = int(at[np.argmin(first[at])])  # the lowest row, then the lowest column
-    return float(value), int(first[col]), col
-
-
-def best_gpu_set(load: np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
-    """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
-    loads = load
-    ids = np.flatnonzero(loads > 0)
-    n = loads[ids].astype(np.int64)
-    top = int(n.max()) if n.size else 0
-    g, h = cost.time_table("gpu", top)[n], cost.time_table("cpu", top)[n]
-    g1, c1 = cost.gpu_expert_time(1), cost.copy_time(1)
-    flat = g == g1
-    # flat experts heaviest first (ties to the lower id: ids ascend and the sort is stable)
-    order = (-n[flat]).argsort(kind="stable")
-    flat_ids = ids[flat][order]
-    cpu_saved_flat = np.concatenate([np.zeros(1), h[flat][order].cumsum()])
-    k = np.arange(len(flat_ids) + 1, dtype=np.float64)
-    heavy_ids = ids[~flat]
-    options, subset_of, exact = _heavy_options(n[~flat], g[~flat], h[~flat])
-    total_cpu = torch_sum(h)
-    best = (float("inf"), 0, 0, 0)  # (phi, j, s, flat experts on the GPU)
-    cpu_rest = total_cpu - cpu_saved_flat
-    for j, s, heavy_gpu, heavy_cpu in options:
-        flat_gpu = c1 * np.maximum(k + j - capacity, 0) + k * g1
-        # a bound below every cell of this option (rounding is monotone): skip it when it
-        # cannot beat the best so far, which only a strictly lower phi replaces
-        if max(flat_gpu.min() + heavy_gpu.min(), cpu_rest.min() - heavy_cpu.max()) >= best[0]:
-            continue
-        value, row, col = _min_phi(flat_gpu, cpu_rest, heavy_gpu, heavy_cpu)
-        if value < best[0]:
-            best = (value, j, int(s[row]), col)
-    value, j, s, n_flat = best
-    heavy = [int(heavy_ids[i]) for i in subset_of(j, s)]
-    return sorted(heavy + flat_ids[:n_flat].tolist()), value, exact
+    first drops to it. Both rows are found by bisection on those monotone comparisons,
+    made with the float operations of the dense phi, so the choice is the dense argmin's
+    (tests/test_systems.py). Up to `dense_cells` cells, or if the times are not
+    monotone, every cell is evaluated."""
+    n_rows, n_cols = heavy_gpu.shape[0], flat_gpu.shape[0]
+    monotone = True
+    for r in range(1, n_rows):
+        if heavy_gpu[r] < heavy_gpu[r - 1] or heavy_cpu[r] < heavy_cpu[r - 1]:
+            monotone = False
+    best, best_row, best_col = np.inf, 0, 0
+    if n_rows * n_cols <= dense_cells or not monotone:
+        for r in range(n_rows):
+            for c in range(n_cols):
+                value = max(flat_gpu[c] + heavy_gpu[r], cpu_rest[c] - heavy_cpu[r])
+                if value < best:
+                    best, best_row, best_col = value, r, c
+        return best, best_row, best_col
+    for c in range(n_cols):
+        cross = _first_row_gpu_dominates(c, flat_gpu, cpu_rest, heavy_gpu, heavy_cpu)
+        before = after = np.inf
+        if cross > 0:
+            before = max(flat_gpu[c] + heavy_gpu[cross - 1], cpu_rest[c] - heavy_cpu[cross - 1])
+        if cross < n_rows:
+            after = max(flat_gpu[c] + heavy_gpu[cross], cpu_rest[c] - heavy_cpu[cross])
+        low, first = min(before, after), cross
+        if before <= after:  # before the crossing phi is the falling CPU side: its first row at low
+            first = _first_row_cpu_at_most(c, low, cpu_rest, heavy_cpu)
+        if low < best or (low == best and first < best_row):
+            best, best_row, best_col = low, first, c
+    return best, best_row, best_col
 
 
 class Oracle(System):
@@ -222,11 +293,10 @@ class Oracle(System):
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        chosen, _, exact = best_gpu_set(load, self.capacity, self.ctx.cost)
+        gpu = np.zeros(load.shape[0], bool)
+        _, exact = choose_gpu_set(load, self.capacity, self.ctx.cost, gpu)
         self.planned_layers += 1
         self.inexact_layers += not exact
-        gpu = np.zeros(load.shape[0], bool)
-        gpu[chosen] = True
         masks = np.empty((4, load.shape[0]), bool)  # filled by the kernel: returning arrays from numba costs more
         held_moves(load, gpu, resident, self.capacity, masks)
         cpu, fetch_sync, scratch, evict = masks[0], masks[1], masks[2], masks[3]
@@ -248,11 +318,13 @@ def held_moves(loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray, capacit
     cannot be a scratch copy), then G's heaviest, then, when G is smaller than B, the
     heaviest other routed ones, so the GPU holds this step's top-B when G is
     heaviest-first (ties to the lower id: both sorts are stable)."""
-    routed = np.flatnonzero(loads)
-    by_load = routed[np.argsort(-loads[routed], kind="mergesort")]
-    rank = np.where(gpu[by_load], np.where(resident[by_load], 0, 1), 2)
     held = np.zeros(loads.shape[0], np.bool_)
-    held[by_load[np.argsort(rank, kind="mergesort")[:capacity]]] = True
+    by_load, n_held = heaviest_first(loads), 0
+    for rank in range(3):  # a stable sort of by_load on the rank, cut at B
+        for e in by_load:
+            if n_held < capacity and rank == (0 if gpu[e] and resident[e] else 1 if gpu[e] else 2):
+                held[e] = True
+                n_held += 1
     cpu, fetch_sync, scratch, evict = masks[0], masks[1], masks[2], masks[3]
     for e in range(loads.shape[0]):
         cpu[e] = loads[e] > 0 and not gpu[e]
