@@ -13,7 +13,12 @@ from harness.training.store import ensure_proxy
 
 REPO = Path(__file__).resolve().parent.parent
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# the cores shared among pytest-xdist's workers: more threads than cores makes torch's
+# OpenMP threads spin against each other (the golden grid took 3x the CPU time at -n 2)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(_THREADS)
+os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))  # the runs tests start as subprocesses
 
 
 @pytest.fixture(scope="session")
