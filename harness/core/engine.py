@@ -21,19 +21,16 @@ reads nothing `decide` has not fixed, so an executor may run it while the GPU ke
 run. At most one layer is pending: `decide` refuses while one is, and `end_step` refuses
 to close a forward with one. Results are the same bits whichever way a layer is driven.
 
-Host time: the seconds inside `System.plan` and of the engine's own bookkeeping, per
-layer (`host_seconds()`); wall-clock, so never in `summary()`, which runs compare exactly.
-Rules: harness/core/plan_rules.py (`PlanError` names system, layer and rule). A missed
-pair is a routed token-expert pair whose expert was not resident when the layer started
-(free moves, the oracle's: after them); io_bytes counts every charged host->GPU copy.
+Host time (`host_seconds()`: inside `System.plan` and the engine's own, per layer) is
+wall-clock, so never in `summary()`, which runs compare exactly. A missed pair is a routed
+token-expert pair whose expert was not resident when the layer started (free moves, the
+oracle's: after them); io_bytes counts every charged host->GPU copy.
 
-Speed: the bookkeeping runs once per layer of every forward, between the router and the
-experts, so it touches torch at most once (the live load's numpy view; a replay hands numpy
-rows) and then works on numpy: a bool [layers, E] residency (systems read their row
-through a read-only view, and the load read-only too), plans of masks (moves as masks or
-ids; masks cost the checks least), and a ledger that charges a batch of forwards in a few
-array passes. Per-layer loops run compiled (numba: `layer_rules`, the ledger's tallies
-and clock), each doing its rule's float operations in order (no fastmath): same bits.
+Speed: this runs on every layer of every forward, between the router and the experts, so
+it touches torch at most once (the live load's numpy view) and then works on numpy: a bool
+[layers, E] residency (systems read their row and the load through read-only views), plans
+of masks (or ids), a ledger that charges a batch of forwards at once, and compiled per-layer
+loops (numba: `layer_rules`, the ledger's tallies and clock; float operations in order).
 
 Lossless: `run_experts` computes every routed expert with one call of
 `compute_routed_experts` in canonical order, so on one device every placement gives the
@@ -64,6 +61,12 @@ __all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in h
 _NO_COPIES: tuple[tuple[int, int], ...] = ()  # a plan that issues no async copy
 _NAN = float("nan")
 _INT64 = np.dtype(np.int64)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 @dataclass(eq=False, slots=True)
@@ -124,11 +127,7 @@ class OffloadEngine:
         # `System.plan` reads its layer's row through a read-only view (made once)
         self._held = np.zeros((self.n_layers, self.n_experts), bool)
         self._counts = [0] * self.n_layers
-        self._views = []
-        for row in self._held:
-            view = row.view()
-            view.flags.writeable = False
-            self._views.append(view)
+        self._views = [_read_only(row) for row in self._held]
         self.ledger = Ledger(cost, self.n_layers, self.n_experts, system.overlap, system.max_loads_in_flight)
         self._step: StepInfo | None = None
         self._rows = 0  # layers recorded in the open forward
@@ -232,10 +231,8 @@ class OffloadEngine:
                 "call account(pending) first"
             )
         if type(load) is np.ndarray and load.dtype is _INT64 and load.ndim == 1:
-            loads = load  # a replay hands numpy rows (read-only): no torch at all
-            if loads.flags.writeable:
-                loads = load.view()
-                loads.flags.writeable = False
+            # a replay hands numpy rows (read-only): no torch at all
+            loads = _read_only(load) if load.flags.writeable else load
         else:
             if not (load.is_cpu and load.dtype is torch.long and load.dim() == 1):
                 load = load.detach().to("cpu", torch.long).flatten()
@@ -251,8 +248,7 @@ class OffloadEngine:
         gpu, missed, moves = self.rules.check(layer, loads, plan, self._held, self._counts)
         moved = moves is not NO_MOVES or plan.evict_elsewhere
         async_targets = self._move(layer, moves, plan.evict_elsewhere) if moved else _NO_COPIES
-        if self.total_capacity is not None:
-            self._check_total(layer)
+        self._check_total(layer)
         if plan.free_moves:  # free moves (the oracle's) land before the layer: it misses only what it leaves out
             missed = np.greater(loads, 0) > self._held[layer]
         pending = PendingLayer(layer, plan, loads, gpu, missed, moves.n_scratch, moves.n_cached,
