@@ -139,22 +139,35 @@ def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int,
     next clock."""
     n = load.shape[0]
     routed, miss, scratch, evict = masks[0], masks[1], masks[2], masks[3]
-    n_routed = n_miss = 0
+    n_routed = n_miss = n_held = 0
     for e in range(n):
         routed[e] = load[e] != 0  # loads are counts: routed where nonzero
         miss[e] = routed[e] and not held[e]
+        scratch[e] = evict[e] = False
         n_routed += routed[e]
         n_miss += miss[e]
+        n_held += held[e]
     # slots once every unused expert is evicted
     room = max(0, capacity - (n_routed - n_miss))
-    scratch[:] = False
     if n_miss > room:  # the first `room` misses by id stay cached, the rest are one-use copies
-        scratch[np.flatnonzero(miss)[room:]] = True
-    evict[:] = False
-    n_evict = held.sum() + min(n_miss, room) - capacity
-    if n_evict > 0:
-        unused = np.flatnonzero(held & ~routed)
-        evict[unused[np.argsort(stamp[unused])[:n_evict]]] = True  # stamps are distinct
+        seen = 0
+        for e in range(n):
+            if miss[e]:
+                scratch[e] = seen >= room
+                seen += 1
+    n_evict = n_held + min(n_miss, room) - capacity
+    if n_evict > 0:  # the least recent experts held and unused (stamps are distinct)
+        unused = np.empty(n_held, np.int64)
+        n_unused = 0
+        for e in range(n):
+            if held[e] and not routed[e]:
+                unused[n_unused] = e
+                n_unused += 1
+        unused = unused[:n_unused]
+        if n_evict < n_unused:  # (never more: the held experts are the hits and the unused)
+            unused = unused[np.argsort(stamp[unused])[:n_evict]]
+        for e in unused:
+            evict[e] = True
     for e in range(n):
         if routed[e] and not scratch[e]:
             stamp[e] = clock
