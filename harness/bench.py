@@ -1,16 +1,18 @@
 """Benchmark: how fast each system plans, live and in replay, against the model's forward.
 
     python -m harness.bench [model=mini] [trace=<trace.npz>] [steps=256] [budget=10GB] [forward=true]
-                            [systems=a,b,...] [format=table|json]
+                            [systems=a,b,...] [repeats=3] [format=table|json]
 
 Per system, over a routing trace (everything but the numerics):
 
 - live_us_per_layer_step: the live path's cost per MoE layer per forward (System.plan,
   plan validation and residency, the ledger's recording and its charge of the forwards),
-  the engine driven layer by layer as a live run drives it; median of 3 runs, each with a
-  fresh system; plan_us_per_layer_step: the part inside `System.plan`, and
+  the engine driven layer by layer as a live run drives it; the median of `repeats` runs
+  (the upper one of an even count), each with a fresh system; plan_us_per_layer_step: the part inside `System.plan`, and
   engine_us_per_layer_step: the engine's own part (plan checks, residency, the ledger's
   recording and charges), both from the same run (the rest is the replay loop's);
+  live_us_best: the fastest of the runs (on a machine whose speed drifts, the steadiest
+  figure: it needs only one undisturbed run);
 - replay_layer_steps_per_s: a replay's speed (harness/traces/batch_replay.py: in batch where the
   system plans in batch, `replay_mode` fast, else layer by layer, the live figure), and
   `replay_exact`: whether the replay's summary equals the live path's bit for bit;
@@ -49,7 +51,7 @@ from systems.registry import SYSTEMS, entry_of, make_system
 
 BENCH_SYSTEMS = ("gpu_only", "fiddler", "mixtral_offload", "tide", "tide_adaptive", "dali", "oracle")
 ARGS = {"model": "mini", "trace": None, "steps": "256", "budget": "10GB", "forward": "true", "tokens": "32",
-        "systems": ",".join(BENCH_SYSTEMS), "format": "table"}
+        "systems": ",".join(BENCH_SYSTEMS), "repeats": "3", "format": "table"}
 FORMATS = ("table", "json")
 
 
@@ -90,10 +92,11 @@ def live_run(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
     return time.perf_counter() - start, host["host_plan_s"], host["host_engine_s"], summary
 
 
-def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int, cost: CostModel) -> dict:
+def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int, cost: CostModel,
+                 repeats: int = 3) -> dict:
     layer_steps = len(trace) * trace.n_layers
-    runs = sorted((live_run(name, trace, geometry, b, cost) for _ in range(3)), key=lambda r: r[0])
-    live_s, plan_s, engine_s, live_summary = runs[1]
+    runs = sorted((live_run(name, trace, geometry, b, cost) for _ in range(repeats)), key=lambda r: r[0])
+    live_s, plan_s, engine_s, live_summary = runs[len(runs) // 2]
     engine = _prepared_engine(name, trace, geometry, b, cost)
     start = time.perf_counter()
     summary, mode = replay_trace(engine, trace)
@@ -101,6 +104,7 @@ def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
     return {"system": name, "layer_steps": layer_steps, "live_us_per_layer_step": 1e6 * live_s / layer_steps,
             "plan_us_per_layer_step": 1e6 * plan_s / layer_steps,
             "engine_us_per_layer_step": 1e6 * engine_s / layer_steps,
+            "live_us_best": 1e6 * runs[0][0] / layer_steps,
             "replay_layer_steps_per_s": layer_steps / replay_s,
             "replay_mode": mode, "replay_exact": not summary_differences(live_summary, summary, rel=0.0)}
 
@@ -120,7 +124,8 @@ def forward_ms_per_layer(model_name: str, tokens: int) -> float:
     return 1e3 * sorted(times)[2] / loaded.model.config.num_hidden_layers
 
 
-COUNT_LIMITS = {"steps": 100_000, "tokens": 4096}  # synthetic trace size: forwards, tokens per forward
+# synthetic trace size (forwards, tokens per forward) and live runs per system
+COUNT_LIMITS = {"steps": 100_000, "tokens": 4096, "repeats": 101}
 
 
 def parse(argv: list[str]) -> dict[str, str | None]:
@@ -164,7 +169,8 @@ def main(argv: list[str]) -> int:
         raise HarnessError(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
     if args["format"] not in FORMATS:
         raise HarnessError(f"format={args['format']} is not one of {', '.join(FORMATS)}")
-    rows = [bench_system(n, trace, geometry, b, cost) for n in names]
+    repeats = count(args, "repeats", COUNT_LIMITS["repeats"])
+    rows = [bench_system(n, trace, geometry, b, cost, repeats) for n in names]
     setting = {"model": args["model"], "experts_per_layer": b, "trace": args["trace"] or "synthetic",
                "forwards": len(trace), "moe_layers": trace.n_layers}
     if args["forward"] == "true":

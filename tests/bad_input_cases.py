@@ -303,6 +303,7 @@ TOOLS: dict[str, tuple[Callable[[Path], tuple[Callable, list[str]]], str]] = {
     "bench steps=abc": (_bench("steps=abc"), "steps="),
     "bench steps=0": (_bench("steps=0"), "steps="),
     "bench tokens=-5": (_bench("tokens=-5"), "tokens="),
+    "bench repeats=0": (_bench("repeats=0"), "repeats="),
     "bench forward=maybe": (_bench("forward=maybe"), "forward="),
     "bench unknown argument": (_bench("speed=3"), "speed=3"),
     "bench unknown system": (_bench("systems=nope", "forward=false", "steps=4"), "nope"),

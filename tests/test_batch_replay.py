@@ -237,7 +237,7 @@ def test_summary_differences_catches_what_the_tests_rely_on(tiny_synthetic):
 def test_bench_prints_live_and_replay_figures_per_system_as_json(capsys):
     from harness.bench import main
 
-    assert main(["steps=3", "forward=false", "format=json", "systems=gpu_only,tide,mixtral_offload"]) == 0
+    assert main(["steps=3", "forward=false", "format=json", "systems=gpu_only,tide,mixtral_offload", "repeats=4"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["forwards"], out["moe_layers"]) == (3, 19) and set(out["systems"]) == {"gpu_only", "tide",
                                                                                         "mixtral_offload"}
@@ -246,6 +246,7 @@ def test_bench_prints_live_and_replay_figures_per_system_as_json(capsys):
         assert row["live_us_per_layer_step"] > 0 and row["replay_layer_steps_per_s"] > 0
         # the parts are measured inside the live figure's own run
         assert 0 < row["plan_us_per_layer_step"] + row["engine_us_per_layer_step"] <= row["live_us_per_layer_step"]
+        assert 0 < row["live_us_best"] <= row["live_us_per_layer_step"]  # the fastest of the 4 runs, and their median
         assert row["replay_mode"] == ("fast" if name == "tide" else "engine") and row["replay_exact"] is True
 
 
