@@ -170,22 +170,23 @@ class Dali(System):
         cost = self.ctx.cost
         return max(0, int((finish - cost.copy_time(n_sync)) / cost.copy_time(1)))
 
-    def _victims(self, layer: int, candidates: set[int]) -> list[int]:
-        """Eviction order among `candidates`: lowest score (replacement) or least recent."""
+    def _victims(self, layer: int, candidates: np.ndarray) -> list[int]:
+        """Eviction order among the experts of the mask `candidates`: lowest score
+        (replacement) or least recent, ties to the lower id."""
         key = self.score[layer] if self.replacement else self.last_use[layer]
-        return sorted(candidates, key=lambda e: (float(key[e]), e))
+        ids = np.flatnonzero(candidates)
+        return ids[np.argsort(key[ids], kind="stable")].tolist()
 
     def _prefetch(self, layer: int, hint: torch.Tensor, room: int) -> tuple[list[int], list[int]]:
         """Copy layer `layer`'s predicted-heaviest missing experts in (at most `room` of
         them), keeping its predicted top-B."""
         held = self.held[layer]
-        predicted = hint.double().numpy()
-        order = np.argsort(-predicted, kind="stable")  # heaviest first, ties: lower id first
-        order = order[predicted[order] > 0].tolist()
-        protected = set(order[: self.capacity])
-        guesses = [e for e in order if not held[e]][: min(self.prefetch_k, self.capacity, room)]
+        order = _predicted_order(hint)
+        protected = np.zeros(held.shape[0], bool)
+        protected[order[: self.capacity]] = True
+        guesses = order[~held[order]][: min(self.prefetch_k, self.capacity, room)].tolist()
         room = self.capacity - int(np.count_nonzero(held))
-        victims = self._victims(layer, set(np.flatnonzero(held).tolist()) - protected)
+        victims = self._victims(layer, held & ~protected)
         fetch, evict = [], []
         for e in guesses:
             if room > 0:
@@ -250,11 +251,11 @@ class Dali(System):
         top-B, nor an expert this layer computes on the GPU or has just cached."""
         nxt = layer + 1
         held = self.held[nxt]
-        predicted = hint.double().numpy()
-        order = np.argsort(-predicted, kind="stable")
-        order = order[predicted[order] > 0].tolist()
-        dropped = {e for other, e in plan.evict_elsewhere if other == nxt}  # by this plan's admission
-        guesses = [e for e in order if not held[e] and e not in dropped][: min(self.prefetch_k, self.capacity, room)]
+        order = _predicted_order(hint)
+        dropped = [e for other, e in plan.evict_elsewhere if other == nxt]  # by this plan's admission
+        wanted = ~held[order] & ~np.isin(order, dropped)
+        guesses = order[wanted][: min(self.prefetch_k, self.capacity, room)].tolist()
+        order = order.tolist()
         if not guesses:
             return
         free = self._free_slots()
@@ -288,6 +289,13 @@ class Dali(System):
             "replacement": self.replacement,
             **{f"dali_{k}": v for k, v in self.counts.items()},
         }
+
+
+def _predicted_order(hint: torch.Tensor) -> np.ndarray:
+    """The experts the hint predicts a load for, heaviest first (ties: lower id first)."""
+    predicted = hint.double().numpy()
+    order = np.argsort(-predicted, kind="stable")
+    return order[predicted[order] > 0]
 
 
 @njit(cache=True, nogil=True)
