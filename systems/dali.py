@@ -226,7 +226,7 @@ class Dali(System):
 
     def _admit_global(self, layer: int, fetch: list[int], on_gpu: np.ndarray
                       ) -> tuple[list[int], list[int], list[int], list[tuple[int, int]]]:
-        """_admit over the whole model: free slots anywhere, then the model-wide victims."""
+        """`admit_layer` over the whole model: free slots anywhere, then the model-wide victims."""
         held = self.held[layer]
         room = self._free_slots()
         keep = {layer: {int(e) for e in np.flatnonzero(on_gpu)}}
