@@ -126,12 +126,12 @@ class Dali(System):
         loads, held = load, resident
         self.score[layer] = self.decay * self.score[layer] + loads.astype(np.float64)
         routed = loads > 0
+        finish = None  # the layer's Phi, for the prefetch's room (the assignment has it)
         if self.assign:
             on_gpu = np.zeros(loads.shape[0], bool)
             finish = assign_layer(loads, held, self.ctx.cost, on_gpu)
         else:
             on_gpu = routed & held
-            finish = finish_time(on_gpu, loads, held, self.ctx.cost)
         cpu = routed & ~on_gpu
         elsewhere: list[tuple[int, int]] = []
         if self.global_scope:
@@ -156,6 +156,8 @@ class Dali(System):
             prefetch=[],  # extended by prefetching
         )
         if self.prefetch and hint is not None and layer + 1 < self.held.shape[0]:
+            if finish is None:
+                finish = finish_time(on_gpu, loads, held, self.ctx.cost)
             room = self._idle_link_copies(finish, n_fetch)
             if self.global_scope:
                 self._prefetch_global(layer, plan, hint, room, on_gpu)

@@ -123,13 +123,6 @@ def _heavy_options(h_n: np.ndarray, g: np.ndarray, h: np.ndarray
 DENSE_CELLS = 4096  # up to this many (s, flat count) pairs, phi is evaluated everywhere
 
 
-def _min_phi(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray, heavy_cpu: np.ndarray
-             ) -> tuple[float, int, int]:
-    """(phi, row, col): the first minimum in row-major order of
-    phi[r, c] = max(flat_gpu[c] + heavy_gpu[r], cpu_rest[c] - heavy_cpu[r]) (`_min_phi_cells`)."""
-    return _min_phi_cells(flat_gpu, cpu_rest, heavy_gpu, heavy_cpu, DENSE_CELLS)
-
-
 def best_gpu_set(load: np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
     """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
     gpu = np.zeros(load.shape[0], bool)
