@@ -17,13 +17,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from harness.cli import callbacks
-from harness.cli.cli_check import precheck, typed_config
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.errors import HarnessError
-from harness.results import write_json_atomic
-from harness.tracking.resume import resumed_result_path, skip_if_done
-from harness.tracking.tracking import log_if_missing, record_finished_run
+from harness.cli.overrides import precheck, typed_config
+from harness.common.errors import HarnessError
+from harness.common.files import write_json_atomic
+from harness.job.config import register_configs
+from harness.job.live import run_job
+from harness.job.mlflow_log import log_if_missing, record_finished_run
+from harness.job.resume import resumed_result_path, skip_if_done
 
 register_configs()
 

@@ -10,7 +10,7 @@ placement chosen at one step stays good for the next few.
 prints the table (mean over prompts, blocks and layers for each k) and the routing
 statistics beside their uniform-routing values, and writes stability.csv, stability.md and
 stability.png next to the trace (or into out=DIR). With format=json it prints one JSON
-object with the routing statistics (harness/routing_stats.py) and writes nothing.
+object with the routing statistics (harness/traces/routing_stats.py) and writes nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.errors import HarnessError, check_output_dir, exit_with
-from harness.routing_stats import STAT_KEYS, statistics_with_uniform
+from harness.common.errors import HarnessError, check_output_dir, exit_with
+from harness.placement.trace import RoutingTrace
+from harness.traces.routing_stats import STAT_KEYS, statistics_with_uniform
 from harness.traces.stability import denoise_runs, stability_table
-from harness.traces.trace import RoutingTrace
 
 
 def plot_stability(table: pd.DataFrame, path: Path, title: str) -> Path:

@@ -34,19 +34,20 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.cli.replay import check_geometry
-from harness.core.budget import resolve_budget
-from harness.core.cost import CostModel
-from harness.core.engine import OffloadEngine
-from harness.core.profiling import load_hardware
-from harness.decode.decoding import StepInfo
+from harness.accounting.budget import resolve_budget
+from harness.accounting.cost import CostModel
+from harness.accounting.profiling import load_hardware
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError, exit_with
 from harness.decode.loading import load_model
-from harness.errors import HarnessError, exit_with
-from harness.model import LLaDA2Config, nominal_geometry
+from harness.engine.engine import OffloadEngine
+from harness.job.config import register_configs
+from harness.job.replay import check_geometry
+from harness.model import LLaDA2Config
+from harness.model.settings import nominal_geometry
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace
 from harness.traces.batch_replay import replay_trace, summary_differences
-from harness.traces.trace import RoutingTrace
 from systems.registry import SYSTEMS, entry_of, make_system
 
 BENCH_SYSTEMS = ("gpu_only", "fiddler", "mixtral_offload", "tide", "tide_adaptive", "dali", "oracle")

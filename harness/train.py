@@ -6,7 +6,7 @@ Trains the proxy geometry as a masked-diffusion LM on the interpreter's stdlib s
 train_loss.csv, train_loss.png and training.json into the cache; a cached checkpoint is
 reused. Then decodes one coding prompt with it, so the output can be eyeballed.
 `python -m harness model=mini model.weights=trained` does the same training on first use.
-recipe=gpu trains on CUDA with 200 times the tokens (harness/training/store.py:
+recipe=gpu trains on CUDA with 200 times the tokens (harness/training/proxy_cache.py:
 GPU_TRAIN_SETTINGS) into its own directory; use it with `model.path=<that directory>`.
 """
 
@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from harness.common.errors import HarnessError, exit_with
 from harness.decode.decoding import DecodeSettings, decode
-from harness.errors import HarnessError, exit_with
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.llada2 import KVCache
 from harness.training.context_use import describe_context_use
-from harness.training.store import describe, ensure_trained, recipe, trained_dir
+from harness.training.proxy_cache import describe, ensure_trained, recipe, trained_dir
 
 ALLOWED = {"model", "recipe", "seed", "cache_dir", "sample"}
 SAMPLE_PROMPT = "Write a Python function that returns the sum of the squares of a list of numbers."

@@ -151,7 +151,7 @@ array_id() {  # SWEEP_DIR: the SLURM array job id, from submitit's <array>_<task
 sacct_states() {  # ARRAY_ID: "N STATE" per state of its tasks
   sacct -X -n -P -j "$1" -o State 2>/dev/null | sed 's/ by .*//' | sort | uniq -c | awk '{print $1, $2}' | paste -sd, -
 }
-store_check() { python -m harness.store_check "$1" --uri "${2:-$URI}" --jobs "${3:-6}" 2>&1 | tail -1; }
+store_check() { python -m harness.audit_store "$1" --uri "${2:-$URI}" --jobs "${3:-6}" 2>&1 | tail -1; }
 
 # ---------------------------------------------------------------------------- 3. the sweep
 STEP_START=$SECONDS

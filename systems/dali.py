@@ -1,4 +1,4 @@
-"""DALI-style workload-aware offloading (DESIGN section 7).
+"""DALI-style workload-aware offloading (docs/systems.md).
 
 Three parts, each of which can be switched off for an ablation:
 
@@ -53,8 +53,9 @@ import numpy as np
 import torch
 from numba import njit
 
-from harness.errors import HarnessError
-from systems.base import LayerPlan, PrepareContext, System
+from harness.common.errors import HarnessError
+from harness.placement.plan import LayerPlan
+from harness.placement.system import PrepareContext, System
 from systems.dali_assign import assign_layer, finish_time
 
 

@@ -1,4 +1,4 @@
-"""DALI's per-layer 0-1 assignment (DESIGN section 7, systems/dali.py): every routed expert
+"""DALI's per-layer 0-1 assignment (docs/systems.md, systems/dali.py): every routed expert
 goes to the GPU or the CPU so that the layer's finish time
 
     Phi = max(sum_GPU (gpu(n_e) + copy(e)), sum_CPU cpu(n_e))
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from numba import njit
 
-from harness.core.cost import CostModel
-from harness.core.counting_sort import heaviest_first
+from harness.accounting.cost import CostModel
+from harness.accounting.counting_sort import heaviest_first
 
 Array = np.ndarray | torch.Tensor
 

@@ -1,4 +1,4 @@
-"""ep_linear: expert parallelism with vLLM's default static mapping (DESIGN section 7).
+"""ep_linear: expert parallelism with vLLM's default static mapping (docs/systems.md).
 
 topology=multi only. GPU r owns a contiguous range of expert ids, the same in every MoE
 layer: expert e lives on GPU floor(e * G / E), so with E divisible by G every GPU owns
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from systems.base import LayerPlan, PrepareContext, System
+from harness.placement.plan import LayerPlan
+from harness.placement.system import PrepareContext, System
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""Fiddler-style offloading (DESIGN section 7).
+"""Fiddler-style offloading (docs/systems.md).
 
 Static placement from the popularity (token-expert pairs per (layer, expert)) of the
-calibration trace. DESIGN ranks (layer, expert) pairs globally with B x L slots; under
-the engine's per-layer capacity B (DESIGN 4: the budget is B experts per layer, and the
+calibration trace. The first design (docs/systems.md) ranks (layer, expert) pairs globally with B x L slots; under
+the engine's per-layer capacity B (docs/systems.md: the budget is B experts per layer, and the
 oracle bound is per layer) a global ranking fills exactly B slots in every layer, i.e. it
 is each layer's top-B by popularity (ties to the lower id). Under `budget.scope=global`
-(B x L experts in total, any split) it is DESIGN's ranking itself: the B x L most popular
+(B x L experts in total, any split) it is that global ranking itself: the B x L most popular
 (layer, expert) pairs over the whole model (ties to the lower layer, then the lower id),
 so popular layers hold more experts than others.
 
@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.core.ledger import LayerOutcomes
-from harness.errors import HarnessError
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from harness.accounting.ledger import LayerOutcomes
+from harness.common.errors import HarnessError
+from harness.placement.plan import LayerPlan
+from harness.placement.steps import StepInfo
+from harness.placement.system import PrepareContext, System
 from systems.tide_tau import top_b_mask
 
 

@@ -1,7 +1,7 @@
-"""GEM-style GPU-variability-aware expert-to-GPU mapping (DESIGN section 7).
+"""GEM-style GPU-variability-aware expert-to-GPU mapping (docs/systems.md).
 
 topology=multi only: experts are spread over G GPUs of unequal speed and nothing is
-offloaded; a layer finishes when its slowest GPU does (harness/core/topology.py). Like
+offloaded; a layer finishes when its slowest GPU does (harness/accounting/topology.py). Like
 ep_linear, each GPU holds a fixed number of experts per layer (the same E / G split, so
 both use the same memory); GEM chooses *which* experts, per layer, once, in prepare():
 
@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.errors import HarnessError
-from harness.traces.trace import RoutingTrace
-from systems.base import LayerPlan, PrepareContext, System
+from harness.common.errors import HarnessError
+from harness.placement.plan import LayerPlan
+from harness.placement.system import PrepareContext, System
+from harness.placement.trace import RoutingTrace
 from systems.ep_linear import expert_parallel_plan, linear_mapping
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from systems.base import LayerPlan, PrepareContext, System
+from harness.placement.plan import LayerPlan
+from harness.placement.system import PrepareContext, System
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""Mixtral-Offload-style LRU expert cache (DESIGN section 7).
+"""Mixtral-Offload-style LRU expert cache (docs/systems.md).
 
 Charging, as the original (`ExpertCache.load_experts` of dvmazur/mixtral-offloading):
 the experts a layer holds compute first while its misses load, at most
 `max_loads_in_flight` copies at a time (the original's buffer_size - 1; its demo uses
-buffer_size=4, so 3), each miss computing once its copy has landed (harness/core/pipeline.py
+buffer_size=4, so 3), each miss computing once its copy has landed (harness/accounting/pipeline.py
 has the timeline). `max_loads_in_flight=0` charges the simpler rule: every miss copied
 before any expert of the layer computes.
 
@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from numba import njit
 
-from harness.errors import HarnessError
-from systems.base import LayerPlan, PrepareContext, System
+from harness.common.errors import HarnessError
+from harness.placement.plan import LayerPlan
+from harness.placement.system import PrepareContext, System
 
 
 @dataclass

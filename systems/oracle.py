@@ -15,7 +15,7 @@ layer at least combine(copy(k) + gpu(G'), cpu(rest)) (async copies and link back
 add), and combine >= max. So every layer costs it >= Phi(G') >= min_G Phi(G), the
 oracle's charge; non-expert time is the same for all, and forwards are sums of layers.
 (gpu_only is outside: it holds all E experts, not B.) A system whose misses' copies
-overlap its own GPU experts (Mixtral-Offload's pipeline, harness/core/pipeline.py) is outside
+overlap its own GPU experts (Mixtral-Offload's pipeline, harness/accounting/pipeline.py) is outside
 the argument when a layer routes more than B experts: the oracle still charges its
 scratch copies before the GPU experts, so such a layer may cost the pipeline less.
 
@@ -40,10 +40,11 @@ import numpy as np
 import torch
 from numba import njit
 
-from harness.core.cost import CostModel
-from harness.core.counting_sort import heaviest_first
-from harness.core.ordered_sums import torch_sum
-from systems.base import LayerPlan, PrepareContext, System
+from harness.accounting.cost import CostModel
+from harness.accounting.counting_sort import heaviest_first
+from harness.accounting.ordered_sums import torch_sum
+from harness.placement.plan import LayerPlan
+from harness.placement.system import PrepareContext, System
 
 
 @dataclass

@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.bitsets import as_mask
-from harness.errors import HarnessError
-from systems.base import BatchPlanner, System
+from harness.accounting.bitsets import as_mask
+from harness.accounting.ledger import BatchPlanner
+from harness.common.errors import HarnessError
+from harness.placement.system import System
 from systems.dali import Dali, DaliConfig
 from systems.ep_linear import EpLinear, EpLinearConfig
 from systems.fiddler import Fiddler, FiddlerBatchPlanner, FiddlerConfig
@@ -89,7 +90,7 @@ def entry_of(system: System) -> SystemEntry:
 
 # Options of a system's config that set how it is charged, with the original system's
 # behaviour as each config's default. overlap: its CPU experts run concurrently with the
-# GPU path (max) or after it (sum); harness/core/ledger.py charges either.
+# GPU path (max) or after it (sum); harness/accounting/ledger.py charges either.
 CHARGING_OPTIONS = ("overlap",)
 
 

@@ -1,4 +1,4 @@
-"""TIDE: periodic top-B refresh with CPU execution of misses (DESIGN section 7).
+"""TIDE: periodic top-B refresh with CPU execution of misses (docs/systems.md).
 
 A refresh happens on the prompt's prefill forward, at step 0 of every block, at every
 step of the first generated block, and on denoise steps with step % tau == 0; never on a
@@ -28,10 +28,12 @@ import numpy as np
 import torch
 from numba import njit
 
-from harness.core.bitsets import pack, popcount, unpack
-from harness.core.ledger import LayerOutcomes
-from harness.errors import HarnessError
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from harness.accounting.bitsets import pack, popcount, unpack
+from harness.accounting.ledger import LayerOutcomes
+from harness.common.errors import HarnessError
+from harness.placement.plan import LayerPlan
+from harness.placement.steps import StepInfo
+from harness.placement.system import PrepareContext, System
 from systems.tide_tau import TauSolution, solve_tau
 
 MIGRATIONS = ("sync", "async")

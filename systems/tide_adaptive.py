@@ -42,10 +42,12 @@ import numpy as np
 import torch
 from numba import njit
 
-from harness.core.cost import CostModel
-from harness.core.ordered_sums import table_row_sums, torch_sum
-from harness.errors import HarnessError
-from systems.base import LayerPlan, PrepareContext, StepInfo, System
+from harness.accounting.cost import CostModel
+from harness.accounting.ordered_sums import table_row_sums, torch_sum
+from harness.common.errors import HarnessError
+from harness.placement.plan import LayerPlan
+from harness.placement.steps import StepInfo
+from harness.placement.system import PrepareContext, System
 from systems.tide import MIGRATIONS, refresh_plan, top_b
 
 

@@ -1,4 +1,4 @@
-"""TIDE's offline choice of the refresh interval tau* (DESIGN section 7).
+"""TIDE's offline choice of the refresh interval tau* (docs/systems.md).
 
 From the calibration trace (denoise forwards only, grouped by (prompt, block)):
 
@@ -28,7 +28,7 @@ misses accumulate on the steps in between, so the copies and the CPU work of TID
 share a step, and max(Lat_IO, Lat_CPU) would count the copies as hidden when they never
 are (measured: tau* 22% off the best replayed tau on a drifting trace, tests/test_tau_solver.py).
 
-Both terms are seconds per block per MoE layer. DESIGN writes B where we use P in
+Both terms are seconds per block per MoE layer. The first design wrote B where we use P in
 Lat_CPU: f is a fraction of routed pairs, so the missed pairs per step are f * P; with B
 the two terms would not be in the same unit. T = steps per block, the longest block in
 the trace unless given.
@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 
 if TYPE_CHECKING:
-    from harness.core.cost import CostModel
-    from harness.traces.trace import RoutingTrace
+    from harness.accounting.cost import CostModel
+    from harness.placement.trace import RoutingTrace
 
 
 def top_b_mask(load: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 
 # ---------------------------------------------------------------- files already written
 
@@ -274,7 +274,7 @@ def _bench(*args: str) -> Callable[[Path], tuple[Callable, list[str]]]:
 
 def _report(*args: str) -> Callable[[Path], tuple[Callable, list[str]]]:
     def build(tmp: Path) -> tuple[Callable, list[str]]:
-        from harness.report.report import main
+        from harness.report.tables import main
 
         files = {**command_line_files(tmp), "listresult": str(_list_result(tmp)), "tmp": str(tmp)}
         return main, [a.format(**files) for a in args]
@@ -283,7 +283,7 @@ def _report(*args: str) -> Callable[[Path], tuple[Callable, list[str]]]:
 
 def _push(*args: str) -> Callable[[Path], tuple[Callable, list[str]]]:
     def build(tmp: Path) -> tuple[Callable, list[str]]:
-        from harness.tracking.tracking import main
+        from harness.job.mlflow_log import main
 
         return main, ["push", *(a.format(tmp=tmp) for a in args)]
     return build

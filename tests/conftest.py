@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.model.checkpoint import from_pretrained, load_tokenizer
-from harness.training.store import ensure_proxy
+from harness.training.proxy_cache import ensure_proxy
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,18 +16,18 @@ import pytest
 import torch
 
 import harness.model.experts as experts_module
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine
+from harness.accounting.cost import CostModel, HardwareConfig
 from harness.decode.decode_batch import decode_with_engine
 from harness.decode.decoding import DecodeSettings
 from harness.decode.loading import LoadedModel
+from harness.engine.engine import OffloadEngine
+from harness.hybrid.attach import attach
+from harness.hybrid.device import Op, StandInRuntime
 from harness.hybrid.executor import HybridExecutor, wrap
-from harness.hybrid.placement import attach
-from harness.hybrid.runtime import Op, StandInRuntime
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.proxy import proxy_config
-from harness.traces.trace import RoutingTrace
-from systems.base import LayerPlan
+from harness.placement.plan import LayerPlan
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 
 B = 16  # tiny: 256 experts, top-8; a decode step routes up to 8 x 8 pairs, so misses are common

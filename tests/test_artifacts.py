@@ -1,4 +1,4 @@
-"""Cached artifacts (harness/traces/artifacts.py) are keyed by everything that decides their
+"""Cached artifacts (harness/job/artifacts.py) are keyed by everything that decides their
 contents: a reference from older model code, another torch, or a checkpoint replaced at
 the same path is never reused (it would fail every lossless check of the new code)."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import harness.traces.artifacts as artifacts
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
+import harness.job.artifacts as artifacts
+from harness.cli.overrides import compose_checked
 from harness.decode.decoding import DecodeSettings
 from harness.decode.lossless import store_reference
-from harness.traces.artifacts import artifact_key, code_fingerprint, model_identity, reference_tokens
+from harness.job.artifacts import artifact_key, code_fingerprint, model_identity, reference_tokens
+from harness.job.config import register_configs
 from tests.harness_cli import TINY
 
 register_configs()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.cli_check import compose_checked, precheck
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.errors import HarnessError
+from harness.cli.overrides import compose_checked, precheck
+from harness.common.errors import HarnessError
+from harness.job.config import register_configs
+from harness.job.live import run_job
 from tests import bad_input_cases as cases
 from tests.harness_cli import run_module
 

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 import torch
 
+from harness.accounting.bitsets import pack, popcount, unpack
+from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
 from harness.bench import synthetic_trace
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.core.bitsets import pack, popcount, unpack
-from harness.core.cost import CostModel, HardwareConfig, expert_shape
-from harness.core.engine import OffloadEngine
+from harness.cli.overrides import compose_checked
 from harness.decode.loading import load_model
-from harness.model import nominal_geometry
-from harness.traces.artifacts import record_trace
+from harness.engine.engine import OffloadEngine
+from harness.job.artifacts import record_trace
+from harness.job.config import register_configs
+from harness.job.live import run_job
+from harness.model.settings import nominal_geometry
+from harness.placement.trace import RoutingTrace
 from harness.traces.batch_replay import batch_refusal, replay_trace, summary_differences
-from harness.traces.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide import Tide, refresh_bits, refreshed, top_b
 from systems.tide_tau import refresh_residency, top_b_mask
@@ -252,7 +252,7 @@ def test_bench_prints_live_and_replay_figures_per_system_as_json(capsys):
 
 def test_bench_rejects_an_unknown_format():
     from harness.bench import main
-    from harness.errors import HarnessError
+    from harness.common.errors import HarnessError
 
     with pytest.raises(HarnessError, match="format=yaml is not one of table, json"):
         main(["steps=1", "forward=false", "format=yaml", "systems=gpu_only"])

@@ -1,4 +1,4 @@
-"""Budget -> B: the DESIGN 8 formula, the paper's pinned settings, and the errors."""
+"""Budget -> B: the docs/cost-model.md formula, the paper's pinned settings, and the errors."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.core.budget import BudgetConfig, resolve_budget
-from harness.errors import HarnessError
+from harness.accounting.budget import BudgetConfig, resolve_budget
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
+from harness.job.config import register_configs
 from harness.model.config import LLaDA2Config
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "budget"

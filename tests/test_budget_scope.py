@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.budget import BudgetConfig, resolve_budget
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine, PlanError
-from harness.decode.decoding import StepInfo
-from harness.errors import HarnessError
+from harness.accounting.budget import BudgetConfig, resolve_budget
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.common.errors import HarnessError
+from harness.engine.engine import OffloadEngine, PlanError
 from harness.model.config import LLaDA2Config
-from harness.traces.trace import RoutingTrace
-from systems.base import LayerPlan, System
+from harness.placement.plan import LayerPlan
+from harness.placement.steps import StepInfo
+from harness.placement.system import System
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 
 GEO = LLaDA2Config(num_hidden_layers=3, num_experts=8, n_group=1, topk_group=1, num_experts_per_tok=2)

@@ -1,4 +1,4 @@
-"""Cluster launchers (harness/tracking/cluster.py) and the sweep-vs-store check (harness/store_check.py)."""
+"""Cluster launchers (harness/tracking/cluster.py) and the sweep-vs-store check (harness/audit_store.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.store_check import check_sweep, compare, job_dirs, metric_differences
+from harness.audit_store import check_sweep, compare, job_dirs, metric_differences
+from harness.results.run_result import RunResult
 from harness.tracking import cluster
-from harness.tracking.result import RunResult
 from tests.harness_cli import empty_store, sqlite_uri
 from tests.test_sweeps import _compose_hydra
 
@@ -138,9 +138,9 @@ def test_metric_differences_treats_nan_as_equal_and_missing_as_different() -> No
 
 @pytest.mark.slow  # creates an MLflow store: about 10 s alone, a minute on a loaded machine
 def test_store_check_reads_a_real_store_and_its_cli_exit_codes(tmp_path: Path) -> None:
-    from harness.store_check import main
+    from harness.audit_store import main
+    from harness.job.mlflow_log import TrackingConfig, log_result
     from harness.tracking.sweep_run import finish_parent_run, start_parent_run
-    from harness.tracking.tracking import TrackingConfig, log_result
 
     sweep = _sweep_dir(tmp_path, 2)
     (sweep / "multirun.yaml").write_text("{}")

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.cli.cli_check import compose_checked, compose_raw, override_variants, precheck
-from harness.cli.config import HarnessConfig, ModelConfig, WorkloadConfig, register_configs
-from harness.core.budget import BudgetConfig
-from harness.core.cost import HardwareConfig
-from harness.core.topology import TopologyConfig
+from harness.accounting.budget import BudgetConfig
+from harness.accounting.cost import HardwareConfig
+from harness.accounting.topology import TopologyConfig
+from harness.cli.overrides import compose_checked, compose_raw, override_variants, precheck
+from harness.common.errors import HarnessError
 from harness.decode.decoding import DecodeSettings
-from harness.errors import HarnessError
-from harness.tracking.tracking import TrackingConfig
+from harness.job.config import HarnessConfig, ModelConfig, WorkloadConfig, register_configs
+from harness.job.mlflow_log import TrackingConfig
 from systems.registry import SYSTEM_CONFIGS
 
 register_configs()

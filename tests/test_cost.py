@@ -11,14 +11,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import harness.core.profiling as profiling
-from harness.core.cost import (
+import harness.accounting.profiling as profiling
+from harness.accounting.cost import (
     CostModel,
     HardwareConfig,
     expert_shape,
 )
-from harness.core.profiling import load_hardware
-from harness.errors import HarnessError
+from harness.accounting.profiling import load_hardware
+from harness.common.errors import HarnessError
 from harness.model.config import LLaDA2Config
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.core.counting_sort import heaviest_first
+from harness.accounting.counting_sort import heaviest_first
 from systems.oracle import held_moves
 
 

@@ -13,11 +13,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.core.cost import CostModel, HardwareConfig, expert_shape
-from harness.errors import HarnessError
+from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
+from harness.job.config import register_configs
+from harness.job.live import run_job
 from systems.dali_assign import finish_time, greedy_assignment, greedy_pass, refine, side_costs
 from systems.registry import make_system
 from tests.test_systems import drive, engine, geometry, loads, random_trace, step

@@ -6,12 +6,13 @@ from dataclasses import replace
 
 import torch
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.decode.decoding import DecodeSettings, StepInfo
+from harness.cli.overrides import compose_checked
+from harness.decode.decoding import DecodeSettings
 from harness.decode.loading import load_model
-from harness.traces.artifacts import calibration_trace, record_trace, workload_trace
-from harness.traces.trace import RoutingTrace, derive_no_cache
+from harness.job.artifacts import calibration_trace, record_trace, workload_trace
+from harness.job.config import register_configs
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace, derive_no_cache
 
 register_configs()
 # prompts shorter and longer than a block: partly filled first blocks, and a prefill
@@ -62,7 +63,7 @@ def test_derivation_adds_the_fixed_loads_of_prefill_and_commits():
 
 
 def test_no_cache_artifacts_are_derived_not_recorded(proxy_cache, monkeypatch):
-    import harness.traces.artifacts as artifacts
+    import harness.job.artifacts as artifacts
 
     cfg = _cfg(proxy_cache)
     settings = replace(SETTINGS, gen_length=16, cache="none")

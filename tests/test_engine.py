@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine, PlanError
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.engine.engine import OffloadEngine, PlanError
 from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, LocalExperts, compute_routed_experts
-from harness.traces.trace import RoutingTrace
-from systems.base import ID_LISTS, LayerPlan, StepInfo, System
+from harness.placement.plan import ID_LISTS, LayerPlan
+from harness.placement.steps import StepInfo
+from harness.placement.system import System
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 
 E, B = 8, 2

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.engine import OffloadEngine, PendingLayer, PlanError
-from harness.traces.trace import RoutingTrace
-from systems.base import LayerPlan, StepInfo, System
+from harness.engine.engine import OffloadEngine, PendingLayer, PlanError
+from harness.placement.plan import LayerPlan
+from harness.placement.steps import StepInfo
+from harness.placement.system import System
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 from tests.test_engine import COST, GEOMETRY, LOAD, SYSTEM_OPTIONS, E, engine_for, mask
 

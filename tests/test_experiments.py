@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.errors import HarnessError
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
+from harness.job.config import register_configs
 from systems.tide import Tide
 from tests.conftest import REPO
 
@@ -52,7 +52,7 @@ def test_reduced_experiment_runs(name, proxy_cache, tmp_path, tiny_dir):
 
 def test_random_tau_is_seeded_and_within_range():
     def taus(seed: int) -> list[int]:
-        from harness.decode.decoding import StepInfo
+        from harness.placement.steps import StepInfo
 
         t = Tide(tau="random", seed=seed, steps_per_block=8)
         t.prepare(type("Ctx", (), {"experts_per_layer": 4, "calibration": None, "cost": None,

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 from harness.model.checkpoint import ShardMaps, read_shard_header
-from harness.traces.trace import RoutingTrace
+from harness.placement.trace import RoutingTrace
 from tests.bad_input_cases import tiny_trace
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,12 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine, PlanError
-from harness.core.topology import (
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.accounting.topology import (
     VARIABILITY_SPREAD,
     Topology,
     TopologyConfig,
@@ -26,10 +22,16 @@ from harness.core.topology import (
     check_system_topology,
     gpu_speeds,
 )
-from harness.errors import HarnessError
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
+from harness.engine.engine import OffloadEngine, PlanError
+from harness.job.config import register_configs
+from harness.job.live import run_job
 from harness.model.config import LLaDA2Config
-from harness.traces.trace import RoutingTrace
-from systems.base import LayerPlan, StepInfo, System
+from harness.placement.plan import LayerPlan
+from harness.placement.steps import StepInfo
+from harness.placement.system import System
+from harness.placement.trace import RoutingTrace
 from systems.ep_linear import linear_mapping
 from systems.gem import improve_by_swaps
 from systems.registry import make_system

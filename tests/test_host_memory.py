@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.ledger import LayerOutcomes, Ledger
-from harness.decode.decoding import StepInfo
-from harness.errors import HarnessError
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.accounting.ledger import LayerOutcomes, Ledger
+from harness.common.errors import HarnessError
 from harness.model.config import LLaDA2Config
+from harness.placement.steps import StepInfo
 
 GEO = LLaDA2Config(num_hidden_layers=2, num_experts=8, n_group=1, topk_group=1, num_experts_per_tok=4)
 PINNED = CostModel(GEO, HardwareConfig(pcie_gbps=10.0))

@@ -17,27 +17,27 @@ import numpy as np
 import pytest
 import torch
 
-import harness.cli.run
+import harness.job.live
 import harness.model.experts as experts_module
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine
-from harness.core.profiling import fit_gpu_roofline
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.accounting.profiling import fit_gpu_roofline
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
 from harness.decode.decode_batch import decode_prompts, decode_with_engine
-from harness.errors import HarnessError
+from harness.engine.engine import OffloadEngine
+from harness.hybrid.attach import attach
 from harness.hybrid.backend import check_backend, resolve_backend
-from harness.hybrid.execution import Execution
-from harness.hybrid.executor import HybridExecutor, apply_measured, wrap
-from harness.hybrid.placement import attach
+from harness.hybrid.device import Op, StandInRuntime
+from harness.hybrid.executor import HybridExecutor, wrap
 from harness.hybrid.pool import SlotPool
-from harness.hybrid.runtime import Op, StandInRuntime
+from harness.job.config import register_configs
+from harness.job.execution import Execution, apply_measured
+from harness.job.live import run_job
 from harness.model.config import LLaDA2Config
 from harness.model.proxy import proxy_config
-from harness.traces.trace import RoutingTrace
-from harness.tracking.result import RunIdentity, RunResult
-from systems.base import move_count, move_ids
+from harness.placement.plan import move_count, move_ids
+from harness.placement.trace import RoutingTrace
+from harness.results.run_result import RunIdentity, RunResult
 from systems.registry import make_system
 from tests.harness_cli import REPO, TINY, run_module
 from tests.hybrid_recording import (
@@ -150,7 +150,7 @@ def test_a_full_pool_refuses_another_expert() -> None:
 
 
 def test_expert_parallel_runs_are_refused_on_the_device(tiny_dir) -> None:
-    from harness.core.topology import Topology
+    from harness.accounting.topology import Topology
 
     loaded = load_tiny(tiny_dir)
     placement = attach(loaded.model, StandInRuntime())
@@ -289,8 +289,8 @@ def test_a_device_run_goes_through_the_executor_with_a_per_backend_reference(tmp
     assert m["tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["measured_time_s"])
     assert m["modeled_tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["modeled_time_s"])
     assert all("measured_s" in s for s in result["step_series"])
-    prompts = harness.cli.run.load_prompts(cfg.workload, cfg.limit_prompts)
-    cpu_key = harness.cli.run.artifact_key(cfg, cfg.decode, prompts)
+    prompts = harness.job.live.load_prompts(cfg.workload, cfg.limit_prompts)
+    cpu_key = harness.job.live.artifact_key(cfg, cfg.decode, prompts)
     assert len(list((cache / "reference").iterdir())) == 1  # the stand-in's own, not the cpu backend's
     assert cpu_key not in {p.stem for p in (cache / "reference").iterdir()}
     assert closed == ["gpu_only", "gpu_only", "fiddler"]  # calibration, reference, the run: all on the device
@@ -304,7 +304,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 def cuda_run(tiny_dir: Path, calibration: RoutingTrace | None, name: str, options: dict, budget: int
              ) -> tuple[list[list[int]], dict[str, Any], OffloadEngine]:
-    from harness.hybrid.runtime import CudaRuntime
+    from harness.hybrid.device import CudaRuntime
 
     loaded = load_tiny(tiny_dir)
     attach(loaded.model, CudaRuntime())
@@ -356,7 +356,7 @@ def test_cuda_run_records_measured_timing_and_peak_memory(tmp_path) -> None:
 @cuda
 @pytest.mark.cuda
 def test_cuda_local_profile_measures_the_gpu(tmp_path) -> None:
-    from harness.core.profiling import profile_local
+    from harness.accounting.profiling import profile_local
 
     g = proxy_config("tiny")
     entry = profile_local(g, tmp_path / "local.json", reps=1)["shapes"][f"{g.hidden_size}x{g.moe_intermediate_size}"]

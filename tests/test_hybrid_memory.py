@@ -1,4 +1,4 @@
-"""Sizing the hybrid placement to the machine (harness/hybrid/placement.py, wiring.py):
+"""Sizing the hybrid placement to the machine (harness/hybrid/attach.py, wiring.py):
 host experts stay pageable (zero-copy) when pinning them would starve the host, and the
 all-GPU decode (reference, recorded routing) streams experts through the slots that fit
 when the device cannot hold every expert: both decode the gpu_only tokens bit for bit on
@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.common.errors import HarnessError
 from harness.decode.decode_batch import decode_prompts, decode_with_engine
-from harness.errors import HarnessError
+from harness.engine.engine import OffloadEngine
+from harness.hybrid.attach import PIN_FRACTION, attach, experts_nbytes
+from harness.hybrid.device import StandInRuntime
 from harness.hybrid.executor import HybridExecutor
-from harness.hybrid.placement import PIN_FRACTION, attach, experts_nbytes
-from harness.hybrid.runtime import StandInRuntime
-from harness.hybrid.wiring import RESERVE_MIN_BYTES, all_gpu_engine, fitting_slots, slot_bytes
-from harness.traces.trace import RoutingTrace
+from harness.job.hybrid_setup import RESERVE_MIN_BYTES, all_gpu_engine, fitting_slots, slot_bytes
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 from tests.hybrid_recording import PROMPTS, SETTINGS, load_tiny
 

@@ -118,10 +118,10 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 def test_the_walk_sees_the_project_and_its_type_checking_imports():
     mods = project_modules()
-    assert {"harness.core.engine", "harness.cli.config", "harness.hybrid.executor", "systems.tide"} <= set(mods)
+    assert {"harness.engine.engine", "harness.job.config", "harness.hybrid.executor", "systems.tide"} <= set(mods)
     graph = import_graph(mods)
-    assert "harness.cli.config" in graph["harness.tracking.tracking"]  # an import under TYPE_CHECKING counts
-    assert "systems.base" in graph["systems.tide"]
+    assert "harness.job.config" in graph["harness.job.mlflow_log"]  # an import under TYPE_CHECKING counts
+    assert "harness.placement.system" in graph["systems.tide"]
 
 
 def test_no_import_cycles_among_the_project_modules():
@@ -147,12 +147,84 @@ def test_late_import_finder_allows_only_heavy_optional_packages():
     source = (
         "import os\n"
         "def f():\n    import matplotlib.pyplot as plt\n    from mlflow import MlflowClient\n"
-        "def g():\n    import json\n    def inner():\n        from harness.cli.run import run_job\n"
+        "def g():\n    import json\n    def inner():\n        from harness.job.live import run_job\n"
         "class C:\n    def m(self):\n        from . import x\n"
     )
-    assert late_imports(source) == ["6: import json", "8: from harness.cli.run import run_job", "11: from . import x"]
+    assert late_imports(source) == ["6: import json", "8: from harness.job.live import run_job", "11: from . import x"]
 
 
 def test_no_project_import_inside_a_function():
     late = [f"{module}:{line}" for module, path in project_modules().items() for line in late_imports(path.read_text())]
     assert not late, f"{len(late)} imports inside functions:\n" + "\n".join(late)
+
+
+# The layers, bottom to top (docs/architecture.md): a package may import only packages in
+# layers below its own (and itself). Packages in one layer do not import each other. The
+# top-level modules of `harness` (the commands: __main__, bench, analyze, train, ...) are
+# the top layer.
+LAYERS: list[tuple[str, ...]] = [
+    ("harness.common",),  # errors and file helpers
+    ("harness.model",),  # LLaDA2 in plain torch; its config node
+    ("harness.training", "harness.families"),  # trained proxies; transformers families behind their experts interface
+    ("harness.placement",),  # the interface: StepInfo, LayerPlan, System, PrepareContext, RoutingTrace
+    ("harness.accounting",),  # cost, budget, topology, ledger, clock
+    ("harness.engine",),  # residency, plan rules, decide/account
+    ("systems",),  # the placement policies
+    ("harness.hybrid",),  # real execution on a device
+    ("harness.decode",),  # the decoding loops, prompts, the lossless check
+    ("harness.traces",),  # replay in batch, stability and routing statistics
+    ("harness.results",),  # RunResult and its flat records
+    ("harness.tracking",),  # MLflow stores, run dirs, sweeps' parent runs
+    ("harness.job",),  # one job (run) from its whole config: live, replay, artifacts, resume, logging
+    ("harness.report",),  # tables and plots
+    ("harness.cli",),  # the Hydra command: override checks, sweep callback
+    ("harness",),  # the commands
+]
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the longest package prefix of `module` (the top-level harness
+    modules fall to "harness", the top)."""
+    if module == "harness":  # the package's __init__: a docstring and the version, below everything
+        return 0
+    best, index = "", None
+    for i, packages in enumerate(LAYERS):
+        for package in packages:
+            if (module == package or module.startswith(package + ".")) and len(package) > len(best):
+                best, index = package, i
+    if index is None:
+        raise AssertionError(f"{module} is in no layer; add its package to LAYERS in tests/test_imports.py")
+    return index
+
+
+def package_of(module: str) -> str:
+    if module == "harness":
+        return "harness.common"
+    return max((p for layer in LAYERS for p in layer if module == p or module.startswith(p + ".")), key=len)
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for every import of a module from the same layer's other package or a higher layer."""
+    bad = []
+    for module, deps in graph.items():
+        for dep in deps:
+            own, theirs = layer_of(module), layer_of(dep)
+            if theirs > own or (theirs == own and package_of(dep) != package_of(module)):
+                bad.append(f"{module} -> {dep}")
+    return sorted(bad)
+
+
+def test_layer_check_flags_an_upward_import_and_a_sibling_import():
+    graph = {
+        "harness.model.llada2": {"harness.common.errors"},  # down: fine
+        "harness.engine.engine": {"harness.job.config"},  # up: flagged
+        "harness.training.loop": {"harness.families.bridge"},  # same layer, other package: flagged
+        "systems.tide": {"harness.placement.system", "systems.tide_tau"},
+    }
+    assert layer_violations(graph) == ["harness.engine.engine -> harness.job.config",
+                                       "harness.training.loop -> harness.families.bridge"]
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    bad = layer_violations(import_graph(project_modules()))
+    assert not bad, f"{len(bad)} imports against the layers (tests/test_imports.py LAYERS):\n" + "\n".join(bad)

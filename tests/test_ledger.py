@@ -1,4 +1,4 @@
-"""The ledger (harness/core/ledger.py): its sums are torch's sums in the engine's order, its
+"""The ledger (harness/accounting/ledger.py): its sums are torch's sums in the engine's order, its
 timeline is the scalar layer-by-layer clock op for op, and how forwards are batched never
 changes a bit."""
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.clock import forward_times
-from harness.core.cost import CostModel, HardwareConfig, expert_shape
-from harness.core.ledger import ExpertSeconds, LayerOutcomes, Ledger
-from harness.core.ordered_sums import constant_row_sums, row_sums, running_sum, table_row_sums, torch_sum
-from harness.decode.decoding import StepInfo
+from harness.accounting.clock import forward_times
+from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
+from harness.accounting.ledger import ExpertSeconds, LayerOutcomes, Ledger
+from harness.accounting.ordered_sums import constant_row_sums, row_sums, running_sum, table_row_sums, torch_sum
 from harness.model.config import LLaDA2Config
+from harness.placement.steps import StepInfo
 
 MINI = LLaDA2Config.published("llada2_mini")
 TINY = LLaDA2Config(hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 from harness.model.checkpoint import from_pretrained
 from harness.model.config import IMPLEMENTED_FEATURES, LLaDA2Config
 

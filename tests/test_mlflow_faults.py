@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.cli_check import precheck
-from harness.cli.config import register_configs
-from harness.errors import HarnessError
-from harness.results import write_json_atomic
-from harness.tracking import tracking
+from harness.cli.overrides import precheck
+from harness.common.errors import HarnessError
+from harness.common.files import write_json_atomic
+from harness.job import mlflow_log as tracking
+from harness.job.config import register_configs
+from harness.job.mlflow_log import TrackingConfig
 from harness.tracking.mlflow_store import TrackingUnavailable, open_store
-from harness.tracking.tracking import TrackingConfig
 from tests.harness_cli import TINY, empty_store, harness_env, run_module, runs_of, sqlite_uri
 from tests.test_tracking import hand_made_result, typed
 

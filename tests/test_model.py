@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 from harness.model.checkpoint import from_pretrained
 from harness.model.config import LLaDA2Config
 from harness.model.experts import compute_routed_experts
 from harness.model.llada2 import MoE, block_causal_mask
 from harness.model.proxy import proxy_config, proxy_is_complete
-from harness.training.store import ensure_proxy
+from harness.training.proxy_cache import ensure_proxy
 
 SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 

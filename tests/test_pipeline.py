@@ -1,4 +1,4 @@
-"""Mixtral-Offload's pipelined misses (harness/core/pipeline.py): the time rule on hand-made
+"""Mixtral-Offload's pipelined misses (harness/accounting/pipeline.py): the time rule on hand-made
 layers, through the ledger, and the option on the system."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine
-from harness.core.ledger import LayerOutcomes, Ledger
-from harness.core.pipeline import pipelined_layer
-from harness.decode.decoding import StepInfo
-from harness.errors import HarnessError
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.accounting.ledger import LayerOutcomes, Ledger
+from harness.accounting.pipeline import pipelined_layer
+from harness.common.errors import HarnessError
+from harness.engine.engine import OffloadEngine
 from harness.model.config import LLaDA2Config
+from harness.placement.steps import StepInfo
 from systems.registry import make_system
 
 GEO = LLaDA2Config(num_hidden_layers=2, num_experts=8, n_group=1, topk_group=1, num_experts_per_tok=4)

@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harness.errors import HarnessError
-from systems.base import System
+from harness.common.errors import HarnessError
+from harness.placement.system import System
 from systems.fiddler import Fiddler, FiddlerBatchPlanner
 from systems.registry import REGISTRY, SYSTEM_CONFIGS, SYSTEMS, entry_of, make_system
 from systems.tide import Tide, TideBatchPlanner

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.errors import HarnessError
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
+from harness.job.config import register_configs
+from harness.job.live import run_job
 
 register_configs()
 

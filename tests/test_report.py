@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import report
-from harness.results import write_json_atomic
-from harness.tracking import records, tracking
-from harness.tracking.result import RunResult
+from harness.common.files import write_json_atomic
+from harness.job import mlflow_log as tracking
+from harness.report import tables as report
+from harness.results import records
+from harness.results.run_result import RunResult
 from tests.harness_cli import empty_store, sqlite_uri
 
 PNG = b"\x89PNG\r\n\x1a\n"

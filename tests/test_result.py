@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.tracking.result import DecodedOutputs, DuplicateMetricError, RunIdentity, RunResult, Timing
+from harness.results.run_result import DecodedOutputs, DuplicateMetricError, RunIdentity, RunResult, Timing
 
 
 def live_result() -> RunResult:

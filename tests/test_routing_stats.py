@@ -1,4 +1,4 @@
-"""Routing statistics (harness/routing_stats.py) on synthetic traces with known values."""
+"""Routing statistics (harness/traces/routing_stats.py) on synthetic traces with known values."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from harness.analyze import main as analyze_main
-from harness.decode.decoding import StepInfo
-from harness.errors import HarnessError
-from harness.report.report import routing_markdown
-from harness.routing_stats import (
+from harness.common.errors import HarnessError
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace
+from harness.report.tables import routing_markdown
+from harness.traces.routing_stats import (
     main,
     routing_metrics,
     routing_statistics,
     statistics_with_uniform,
     uniform_like,
 )
-from harness.traces.trace import RoutingTrace
 
 E, L, K = 256, 2, 8
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.tracking import sweep_run, tracking
-from harness.tracking.result import RunResult
+from harness.job import mlflow_log as tracking
+from harness.job.mlflow_log import TrackingConfig
+from harness.results.run_result import RunResult
+from harness.tracking import sweep_run
 from harness.tracking.sweep_run import ENDED_TAG, RESUMES_TAG
-from harness.tracking.tracking import TrackingConfig
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, runs_of, sqlite_uri
 from tests.test_tracking import hand_made_result, write_run
 

@@ -170,7 +170,7 @@ def _compose_hydra(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.cli.config import register_configs
+    from harness.job.config import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

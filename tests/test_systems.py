@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import systems.oracle as oracle
-from harness.core.cost import CostModel, HardwareConfig, expert_shape
-from harness.core.engine import OffloadEngine
-from harness.errors import HarnessError
+from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
+from harness.common.errors import HarnessError
+from harness.engine.engine import OffloadEngine
 from harness.model.config import LLaDA2Config
-from harness.traces.trace import RoutingTrace
-from systems.base import StepInfo, move_count, move_ids
+from harness.placement.plan import move_count, move_ids
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace
 from systems.fiddler import Fiddler
 from systems.oracle import best_gpu_set
 from systems.registry import SYSTEM_CONFIGS, SYSTEMS, make_system, system_from_config

@@ -8,15 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.cli.overrides import compose_checked
 from harness.decode.loading import load_model
-from harness.model import nominal_geometry
+from harness.engine.engine import OffloadEngine
+from harness.job.artifacts import calibration_trace
+from harness.job.config import register_configs
 from harness.model.config import LLaDA2Config
-from harness.traces.artifacts import calibration_trace
-from harness.traces.trace import RoutingTrace
+from harness.model.settings import nominal_geometry
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide_tau import solve_tau
 from tests.test_tau_solver import GEO, drifting_trace

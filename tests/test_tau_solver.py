@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.core.cost import CostModel, HardwareConfig
-from harness.errors import HarnessError
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.common.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.traces.trace import RoutingTrace
-from systems.base import StepInfo
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide_tau import (
     RefreshReplay,
@@ -182,7 +182,7 @@ def test_auto_tau_needs_denoise_steps() -> None:
 
 
 def test_tide_reports_the_solution() -> None:
-    from harness.core.engine import OffloadEngine
+    from harness.engine.engine import OffloadEngine
 
     tide = make_system("tide", {"tau": "auto"})
     engine = OffloadEngine(tide, GEO, 16, COST)

@@ -13,15 +13,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
-from harness.cli.run import run_job
-from harness.core.cost import CostModel, HardwareConfig
-from harness.core.engine import OffloadEngine
-from harness.errors import HarnessError
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
+from harness.engine.engine import OffloadEngine
+from harness.job.config import register_configs
+from harness.job.live import run_job
 from harness.model.config import LLaDA2Config
-from harness.traces.trace import RoutingTrace
-from systems.base import StepInfo, move_count
+from harness.placement.plan import move_count
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide_adaptive import forward_regrets, layer_regret
 from tests.test_systems import drive, geometry, random_trace

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from harness.analyze import main as analyze_main
-from harness.decode.decoding import StepInfo
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace
 from harness.traces.stability import stability_table
-from harness.traces.trace import RoutingTrace
 
 
 def make_trace(loads: torch.Tensor, steps_per_block: int, hints: bool = False) -> RoutingTrace:

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.files import write_json_atomic
 from harness.decode.workload import prompts_digest, workload_record
-from harness.results import write_json_atomic
-from harness.traces.artifacts import code_version
-from harness.tracking import mlflow_ui, tracking
-from harness.tracking.result import PARAM_MAX_CHARS, RunResult
-from harness.tracking.resume import config_hash, index_result, prior_result
+from harness.job import mlflow_log as tracking
+from harness.job.artifacts import code_version
+from harness.job.mlflow_log import TrackingConfig
+from harness.job.resume import config_hash, index_result, prior_result
+from harness.results.run_result import PARAM_MAX_CHARS, RunResult
+from harness.tracking import mlflow_ui
 from harness.tracking.run_files import RUN_MARKER
-from harness.tracking.tracking import TrackingConfig
 from tests.harness_cli import TINY, empty_store, run_module, runs_of, sqlite_uri
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 from harness.model.checkpoint import from_pretrained, index_checkpoint
 from harness.model.llada2 import route
 from harness.training.balance import apply_balance, balance_update
@@ -23,7 +23,7 @@ from harness.training.context_use import MASK_RATIOS, describe_context_use, mask
 from harness.training.corpus import build_corpus
 from harness.training.loop import TrainSettings, learning_rate
 from harness.training.objective import NoisyBatch, diffusion_loss, mask_last_block
-from harness.training.store import (
+from harness.training.proxy_cache import (
     TRAIN_SETTINGS,
     check_kind,
     recipe,

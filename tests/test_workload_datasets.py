@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from harness.cli.cli_check import compose_checked
-from harness.cli.config import register_configs
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
 from harness.decode.workload import encode_prompt, load_prompts
-from harness.errors import HarnessError
+from harness.job.config import register_configs
 
 register_configs()
 

@@ -4,7 +4,7 @@
                      tracking URI for the jobs (harness/tracking/cluster.py); create the sweep's parent MLflow run (or,
                      with resume=true, reuse the unfinished one of this sweep dir) and record
                      its id in <sweep dir>/mlflow_parent.json, where every job, in
-                     whatever process or node runs it, finds it (harness.tracking.tracking); from
+                     whatever process or node runs it, finds it (harness.job.mlflow_log); from
                      here on a guard ends the parent KILLED or FAILED if the process exits
                      early (SIGTERM, Ctrl-C, an exception)
   on_job_end         (the job's process) one compact line per finished job
@@ -31,13 +31,14 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from harness.common.files import read_json
+from harness.job import mlflow_log as tracking
+from harness.job.resume import RESUMED_FILE
 from harness.report.plots import throughput_by_budget
-from harness.report.report import sweep_markdown, sweep_records, sweep_table
-from harness.results import read_json
-from harness.tracking import cluster, mlflow_ui, sweep_run, tracking
-from harness.tracking.records import SWEEP_FILES, compact_line, record_from_result
-from harness.tracking.result import RunResult
-from harness.tracking.resume import RESUMED_FILE
+from harness.report.tables import sweep_markdown, sweep_records, sweep_table
+from harness.results.records import SWEEP_FILES, compact_line, record_from_result
+from harness.results.run_result import RunResult
+from harness.tracking import cluster, mlflow_ui, sweep_run
 from harness.tracking.run_files import PARENT_MARKER
 
 SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES

@@ -1,7 +1,7 @@
 """Decoding a batch of prompts with the common loop, one prompt at a time (batch 1, as in
 the offloading papers), and with an engine (or the hybrid executor that wraps it) on the
 model's MoE layers. Live runs, the cached calibration and workload traces
-(harness/traces/artifacts.py) and the all-GPU reference all decode through here."""
+(harness/job/artifacts.py) and the all-GPU reference all decode through here."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from harness.core.engine import OffloadEngine
-from harness.decode.decoding import DecodeOutput, DecodeSettings, OnForward, StepInfo, decode
+from harness.decode.decoding import DecodeOutput, DecodeSettings, OnForward, decode
 from harness.decode.loading import LoadedModel
 from harness.decode.workload import check_prompt_lengths, encode_prompt
+from harness.engine.engine import OffloadEngine
 from harness.hybrid.executor import HybridExecutor, wrap
 from harness.model import KVCache
+from harness.placement.steps import StepInfo
 
 
 @dataclass

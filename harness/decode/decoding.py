@@ -20,40 +20,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
-from harness.errors import HarnessError
-
-ForwardKind = Literal["prefill", "denoise", "commit"]
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """One model forward of the decoding loop.
-
-    kind: 'prefill' (the prompt's whole blocks, once per prompt, prefix cache only),
-    'denoise' (one denoising step of the current block) or 'commit' (one forward of a
-    finished block to cache its keys and values, prefix cache only).
-    step: step within the block (0-based) for 'denoise'; 0 for 'prefill'; the number of
-    steps the block took for 'commit'.
-    """
-
-    prompt: int
-    block: int
-    step: int
-    global_step: int
-    is_first_block: bool
-    kind: ForwardKind = "denoise"
-
+from harness.common.errors import HarnessError
+from harness.placement.steps import ForwardKind, StepInfo
 
 CACHE_MODES = ("prefix", "none")
 
 
 @dataclass
 class DecodeSettings:
-    """The decode settings, and the schema of the `decode` config node (harness/cli/config.py):
+    """The decode settings, and the schema of the `decode` config node (harness/job/config.py):
     conf/decode/*.yaml take block_length and steps from the top-level `block`."""
 
     gen_length: int = 32

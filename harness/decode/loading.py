@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.model import LLaDA2Config, LLaDA2Model, nominal_geometry
+from harness.model import LLaDA2Config, LLaDA2Model
 from harness.model.checkpoint import from_pretrained, load_tokenizer
-from harness.training.store import RESULT_WEIGHTS, ensure_weights, weights_at
+from harness.model.settings import nominal_geometry
+from harness.training.proxy_cache import RESULT_WEIGHTS, ensure_weights, weights_at
 
 if TYPE_CHECKING:
-    from harness.cli.config_parts import ModelConfig
+    from harness.model.settings import ModelConfig
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.results import read_json, write_json_atomic
+from harness.common.files import read_json, write_json_atomic
 
 
 @dataclass(frozen=True)

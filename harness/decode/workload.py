@@ -8,14 +8,22 @@ import gzip
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 
-if TYPE_CHECKING:
-    from harness.cli.config_parts import WorkloadConfig
+
+@dataclass
+class WorkloadConfig:
+    name: str = "coding"
+    path: str | None = None  # jsonl file (workload=jsonl)
+    prompt_field: str = "prompt"  # jsonl (or dataset) key holding the prompt
+    prompts: list[str] = field(default_factory=list)
+    dataset: str | None = None  # a bundled benchmark: humaneval (harness/decode/workload.py)
+
 
 MAX_PROMPTS_FILE_BYTES = 64 * 2**20  # a prompts file, not a corpus: larger ones are a wrong path
 

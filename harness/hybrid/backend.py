@@ -1,10 +1,10 @@
 """`backend=auto|cpu|cuda|standin`: where a live run executes its numerics.
 
 cpu is the single-device emulation (every expert computed in place, timing modeled by
-harness/core/cost.py); cuda is the real hybrid execution of harness/hybrid/executor.py (timing
+harness/accounting/cost.py); cuda is the real hybrid execution of harness/hybrid/executor.py (timing
 measured, the modeled time computed beside it); auto picks cuda when torch sees a GPU.
 standin runs the cuda path's executor with the CPU playing the device
-(harness/hybrid/runtime.py's StandInRuntime): slot pools, copies, waits and the CPU worker
+(harness/hybrid/device.py's StandInRuntime): slot pools, copies, waits and the CPU worker
 all run, so the whole device pipeline (and scripts/gpu_check.sh) can be tried on a machine
 without a GPU. Its measured times are CPU times, not GPU ones: it is for checking the
 wiring, never for comparing systems.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 
 BACKENDS = ("auto", "cpu", "cuda", "standin")
 DEVICE_BACKENDS = ("cuda", "standin")  # executed by the hybrid executor, timing measured

@@ -1,5 +1,5 @@
 """Hybrid execution of one system's plans: resident experts on the device, missed experts
-on the CPU, weights moving on a copy stream (issue 7; DESIGN sections 4 and 8).
+on the CPU, weights moving on a copy stream (issue 7; docs/gpu.md, docs/cost-model.md).
 
 The executor implements the `ExpertEngine` protocol around an `OffloadEngine`: per MoE
 layer the engine decides (`decide`: the system's plan, validated, residency updated) and
@@ -41,11 +41,11 @@ from typing import Any
 
 import torch
 
-from harness.core.engine import OffloadEngine
-from harness.errors import HarnessError
-from harness.hybrid.placement import DevicePlacement, HostExperts, placement_of
+from harness.common.errors import HarnessError
+from harness.engine.engine import OffloadEngine
+from harness.hybrid.attach import DevicePlacement, HostExperts, placement_of
+from harness.hybrid.device import Event
 from harness.hybrid.pool import SlotPool, fetch_scratch
-from harness.hybrid.runtime import Event
 from harness.model.experts import (
     ExpertGroups,
     ExpertWeights,
@@ -58,8 +58,8 @@ from harness.model.experts import (
     weighted_expert_outputs,
 )
 from harness.model.llada2 import LLaDA2Model
-from harness.tracking.result import RunResult
-from systems.base import LayerPlan, StepInfo
+from harness.placement.plan import LayerPlan
+from harness.placement.steps import StepInfo
 
 Scratch = dict[int, tuple[ExpertWeights, Event]]
 
@@ -325,19 +325,6 @@ class HybridExecutor:
             "host_expert_bytes": self.placement.host_expert_bytes,
             "gpu_slots_high_water": self._high_water(),
         }
-
-
-def apply_measured(result: RunResult, measured: dict[str, Any], backend: str) -> None:
-    """Turn a live result into a measured one: `tokens_per_s` becomes the measured rate,
-    the modeled rate stays beside it as `modeled_tokens_per_s`; the measured figures join
-    the result's timing."""
-    metrics = result.metrics
-    metrics["modeled_tokens_per_s"] = metrics["tokens_per_s"]
-    seconds = measured["measured_time_s"]
-    metrics["tokens_per_s"] = metrics["generated_tokens"] / seconds if seconds > 0 else 0.0
-    result.timing.kind = "measured"
-    result.timing.figures.update(measured)
-    result.identity.backend = backend
 
 
 def wrap(model: LLaDA2Model, engine: OffloadEngine | HybridExecutor) -> OffloadEngine | HybridExecutor:

@@ -13,7 +13,7 @@ device buffer, never entered into a pool, dropped when the layer returns.
 
 from __future__ import annotations
 
-from harness.hybrid.runtime import Event, Runtime
+from harness.hybrid.device import Event, Runtime
 from harness.model.experts import ExpertWeights
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import LLaDA2Model
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_MASK_ID = 156895

@@ -1,5 +1,5 @@
 """Proxy checkpoints in the real LLaDA2 checkpoint layout: seeded random weights with a
-balanced expert bias (built by `ensure_proxy` in harness/training/store.py), and the
+balanced expert bias (built by `ensure_proxy` in harness/training/proxy_cache.py), and the
 writer that balanced and trained proxies share.
 
 No weights can be downloaded where this harness is developed, so it writes its own
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 from harness.model.checkpoint import INDEX_FILE, index_checkpoint
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import LLaDA2Model

@@ -1,4 +1,4 @@
-"""Comparison plots (PNG, matplotlib Agg) from report records (`harness.report.report`).
+"""Comparison plots (PNG, matplotlib Agg) from report records (`harness.report.tables`).
 
 - throughput by system and budget: grouped bars, one panel per (model, gen, block);
 - tau sweeps (tide runs with different integer tau): throughput and miss rate against
@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.tracking.records import one_per_cell, row_keys, system_order
+from harness.results.records import one_per_cell, row_keys, system_order
 
 Record = dict[str, Any]
 

@@ -1,8 +1,8 @@
-"""Routing traces and what runs over them: the trace format, the cached gpu_only recordings
-every run shares, replay in batch, and the temporal stability of routing.
+"""What runs over recorded routing: replay in batch, temporal stability and routing
+statistics (the trace format itself is harness/placement/trace.py; the cached recordings
+every run shares are harness/job/artifacts.py).
 
-  trace.py         routing traces in memory and on disk; derived no-cache traces
-  artifacts.py     cached calibration and workload traces and reference tokens; code digests
-  batch_replay.py  replay in batch for systems with a batch planner (fiddler, tide)
-  stability.py     temporal stability of routing within blocks
+  batch_replay.py   replay in batch for systems with a batch planner (fiddler, tide)
+  stability.py      temporal stability of routing within blocks
+  routing_stats.py  how concentrated a trace's routing is (per step and over the run)
 """

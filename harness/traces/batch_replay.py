@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from harness.core.bitsets import as_sets
-from harness.core.engine import OffloadEngine
-from harness.traces.trace import RoutingTrace
+from harness.accounting.bitsets import as_sets
+from harness.engine.engine import OffloadEngine
+from harness.placement.trace import RoutingTrace
 from systems.registry import REGISTRY, entry_of
 
 CHUNK_ELEMENTS = 1 << 20  # (forward, layer, expert) entries per chunk: bounds memory, keeps ops large

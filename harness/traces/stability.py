@@ -1,7 +1,7 @@
 """Temporal stability of routing within blocks: for each MoE layer, the cosine similarity of
 a denoising step's expert-load vector with the one k steps later, and the fraction of the
 top-B experts still in the top-B set. harness/analyze.py prints and plots it,
-harness/routing_stats.py reports its cosines; a leaf below both."""
+harness/traces/routing_stats.py reports its cosines; a leaf below both."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import defaultdict
 import pandas as pd
 import torch
 
-from harness.traces.trace import RoutingTrace
+from harness.placement.trace import RoutingTrace
 
 
 def denoise_runs(trace: RoutingTrace) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""MLflow store plumbing for harness.tracking.tracking: opening a store so that failure is fast,
+"""MLflow store plumbing for harness.job.mlflow_log: opening a store so that failure is fast,
 experiments, batched logging, and the markers that say which store a directory reached.
 
 A marker file (`mlflow.json` in a run dir, `mlflow_parent.json` in a sweep dir) holds one
@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from harness.results import read_json, write_json_atomic
+from harness.common.files import read_json, write_json_atomic
 from harness.tracking.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, experiment_tags
 
 BATCH_METRICS = 1000  # MLflow's per-call limits

@@ -1,7 +1,7 @@
 """Where finished runs live on disk and what names them in MLflow: the run directory's
 files and markers, the sweep a job belongs to, experiment names, the code's commit and a
-result's workload record. A leaf below harness/tracking/tracking.py (logging), harness/tracking/sweep_run.py
-(parent runs) and harness/report/report.py (tables), which all find runs the same way."""
+result's workload record. A leaf below harness/job/mlflow_log.py (logging), harness/tracking/sweep_run.py
+(parent runs) and harness/report/tables.py (tables), which all find runs the same way."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from harness.cli.config_parts import TrackingConfig
 from harness.decode.workload import workload_record
 from harness.tracking.mlflow_store import find_marker
+from harness.tracking.settings import TrackingConfig
 
 RUN_MARKER = "mlflow.json"
 

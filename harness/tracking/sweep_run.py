@@ -41,8 +41,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from harness.cli.config_parts import TrackingConfig
-from harness.results import read_json
+from harness.common.files import read_json
+from harness.results.run_result import param_value
 from harness.tracking.mlflow_store import (
     add_marker,
     default_artifact_root,
@@ -61,7 +61,6 @@ from harness.tracking.mlflow_ui import (
     sweep_command,
     swept_overrides,
 )
-from harness.tracking.result import param_value
 from harness.tracking.run_files import (
     PARENT_MARKER,
     RESULT_FILE,
@@ -71,6 +70,7 @@ from harness.tracking.run_files import (
     result_dirs,
     workload_of,
 )
+from harness.tracking.settings import TrackingConfig
 
 ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned (parent runs)
 RESUMES_TAG = "harness.resumes"

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlparse
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 SERVER_SCHEMES = ("http", "https")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.errors import HarnessError
+from harness.common.errors import HarnessError
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 # test suites, IDLE and vendored packages are not the library; installed packages are not stdlib

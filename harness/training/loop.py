@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from harness.common.files import write_atomic
 from harness.model.llada2 import LLaDA2Model
-from harness.results import write_atomic
 from harness.training.balance import apply_balance, imbalance
 from harness.training.forward import ExpertStack, batched_forward
 from harness.training.objective import diffusion_loss, mask_last_block, masked_accuracy, sample_windows

@@ -69,9 +69,9 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_cell(overrides: list[str], cache: Path, out: Path) -> dict[str, Any]:
-    from harness.cli.cli_check import compose_checked
-    from harness.cli.config import register_configs
-    from harness.cli.run import run_job
+    from harness.cli.overrides import compose_checked
+    from harness.job.config import register_configs
+    from harness.job.live import run_job
 
     register_configs()
     cfg = compose_checked([*overrides, f"cache_dir={cache}", "tracking.enabled=false", "show_text=false"])

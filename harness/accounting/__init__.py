@@ -1,0 +1,16 @@
+"""What a plan costs: the hardware profiles and latency model, the budget in experts per
+layer, the GPU topology, and the ledger that charges every layer's outcome on one forward
+timeline (docs/cost-model.md).
+
+  cost.py           hardware profiles and the roofline latency model
+  profiling.py      measures this machine's CPU expert latency (hardware=local)
+  budget.py         GPU memory -> experts per layer (scope per_layer | global)
+  topology.py       multi-GPU speed profiles and the expert-parallel layer cost
+  ledger.py         counters, the forward timeline and the step series, charged in batches
+  clock.py          the forward clock the ledger charges (compiled)
+  tallies.py        per-layer pairs, misses and experts per side (compiled)
+  pipeline.py       Mixtral-Offload's pipelined misses: the layer time rule
+  ordered_sums.py   float sums in the order the accounts define them
+  counting_sort.py  the heaviest-first order of a layer's experts (compiled)
+  bitsets.py        packed expert sets for batch planners
+"""

@@ -1,0 +1,349 @@
+"""The ledger: counters, the per-forward timeline and the step series, over arrays.
+
+Every run keeps its accounts here, one way: a live run records each MoE layer's outcome
+(`record_layer`: a few array writes) and the ledger charges its forwards in batches; a
+replay whose system plans in batch hands whole chunks of forwards to `charge`; the CUDA
+executor's engine is a live engine. Placement (which experts are resident, whether a plan
+keeps the rules) is decided before anything reaches the ledger; the ledger only counts
+and charges.
+
+What a layer is charged (harness/accounting/cost.py has the model):
+
+    routed pairs   sum of the layer's loads        missed pairs  loads of its missed experts
+    cpu tokens     loads of its CPU experts        copies        sync, scratch, free, async
+    gpu_s / cpu_s  the torch sum of the cost model's per-expert times, ascending ids
+                   (given instead for topology=multi: the slowest GPU's time)
+
+and the forward's clock runs through its layers in the order they were recorded:
+
+    clock += the dense layers; then per layer: clock += its non-expert slice, t0 = clock
+    sync copies queue on the PCIe link behind any async copies still in flight (one link,
+    FIFO); the GPU experts start once the sync copies and any prefetched expert they use
+    have landed: ready = max(t0, sync_done, landing of used prefetches)
+    overlap (CPU runs concurrently):  end = max(ready + gpu, t0 + cpu)
+    no overlap:                       end = ready + gpu + cpu
+    pipelined misses (a system with max_loads_in_flight > 0, Mixtral-Offload): instead of
+    ready + gpu, the resident GPU experts start at once and each missed one starts when
+    its copy landed, with a bounded number of copies in flight (harness/accounting/pipeline.py)
+    pageable host memory (hardware.host_memory=pageable): a copy is synchronous for the
+    host, so every copy, async and prefetch included, is charged as a sync copy of the
+    layer that issues it, nothing is pipelined, and CPU experts start after the copies
+    (ready, not t0)
+    async copies queue on the link after the sync copies; they cost time only when
+    something waits for them: a later layer's GPU experts or sync copies, or the end of
+    the forward (clock += skipped layers' slices + lm_head; clock = max(clock, link free)).
+
+A prefetch landing is named by the row (layer of this forward) that issued the copy and
+its position among that row's async copies: it lands at that row's link start + position
+x one copy. The modeled time splits exactly into non-expert + exposed copy waits + GPU
+experts + exposed CPU time.
+
+Bits: every float is computed op for op as a scalar loop over layers would compute it,
+vectorized over forwards only, and each counter adds its terms in forward-then-layer
+order (harness/accounting/ordered_sums.py), so how forwards are batched never changes a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from harness.accounting.clock import forward_times
+from harness.accounting.cost import CostModel, NonExpertTime
+from harness.accounting.ordered_sums import running_sum, table_row_sums
+from harness.accounting.pipeline import MissPipeline
+from harness.accounting.tallies import LayerTallies, layer_tallies
+from harness.placement.steps import StepInfo
+
+LIVE_CHUNK = 64  # forwards a live run buffers before charging them together
+
+
+@dataclass
+class Counters:
+    routed_pairs: int = 0
+    missed_pairs: int = 0
+    cpu_expert_tokens: int = 0
+    copies_sync: int = 0
+    copies_async: int = 0
+    copies_scratch: int = 0
+    copies_free: int = 0
+    time_gpu_experts_s: float = 0.0
+    time_cpu_experts_s: float = 0.0
+    time_copies_s: float = 0.0
+    time_non_expert_s: float = 0.0
+    busy_cpu_experts_s: float = 0.0
+    busy_copies_s: float = 0.0
+
+
+@dataclass
+class LayerOutcomes:
+    """m recorded layers of each of n forwards: what placement decided for them.
+
+    on_gpu / missed are subsets of the routed experts (load > 0); every other routed
+    expert computes on the CPU. copies_* [n, m]: sync copies that stay resident, one-use
+    scratch copies, free moves (charged nothing), async copies (own layer and prefetches).
+    wait_row / wait_copies [n, m]: the GPU experts wait until that row's first
+    `wait_copies` async copies landed (0: no wait)."""
+
+    loads: np.ndarray  # int64 [n, m, E]
+    on_gpu: np.ndarray  # bool [n, m, E]
+    missed: np.ndarray  # bool [n, m, E]
+    copies_sync: np.ndarray
+    copies_scratch: np.ndarray
+    copies_async: np.ndarray
+    copies_free: np.ndarray | None = None
+    wait_row: np.ndarray | None = None
+    wait_copies: np.ndarray | None = None
+    gpu_s: np.ndarray | None = None  # float [n, m], given (topology=multi)
+
+
+class BatchPlanner(Protocol):
+    """What a system decides for n forwards x every MoE layer at once (a replay)."""
+
+    def plan(self, loads: np.ndarray, steps: list[StepInfo]) -> LayerOutcomes:
+        """loads: int64 [n, L, E]; runs the system's per-forward work (`on_step`) too."""
+        ...
+
+    def residency(self) -> np.ndarray:
+        """bool [L, E]: what the GPU holds after the forwards planned so far."""
+        ...
+
+
+
+class ExpertSeconds:
+    """Per layer, the torch sum of one device's expert times in ascending id order, the
+    times looked up in the cost model's table of its vector function (`time_table`)."""
+
+    def __init__(self, cost: CostModel, device: str) -> None:
+        self.cost, self.device = cost, device
+
+    def __call__(self, loads: np.ndarray, mask: np.ndarray | Callable[[], np.ndarray],
+                 lengths: np.ndarray | None = None, top: int | None = None) -> np.ndarray:
+        """loads int64 [..., E], mask bool [..., E] (routed experts) -> float [...];
+        lengths / top / a mask built on demand: see `table_row_sums`."""
+        biggest = top if top is not None else int(loads.max()) if loads.size else 0
+        return table_row_sums(self.cost.time_table(self.device, biggest), loads, mask, lengths, top)
+
+
+@dataclass
+class _LiveForward:
+    step: StepInfo
+    size: tuple[int, int]
+    counts: list[tuple[int, int, int, int, int, int, float]] = field(default_factory=list)
+
+
+class Ledger:
+    """The accounts of one run: counters, step series, and the live forwards recorded but
+    not charged yet (charged in batches of LIVE_CHUNK, and whenever they are read)."""
+
+    def __init__(self, cost: CostModel, n_layers: int, n_experts: int, overlap: bool, pipeline_slots: int = 0) -> None:
+        self.cost, self.n_layers, self.n_experts, self.overlap = cost, n_layers, n_experts, overlap
+        # > 0: misses load while GPU experts compute (harness/accounting/pipeline.py)
+        self.pipeline_slots = pipeline_slots
+        self.counters = Counters()
+        self._series: list[dict[str, Any]] = []
+        self._notes: dict[int, dict[str, Any]] = {}  # forward index -> figures added to its step
+        self.gpu_seconds = ExpertSeconds(cost, "gpu")
+        self.cpu_seconds = ExpertSeconds(cost, "cpu")
+        self._breakdowns: dict[tuple[int, int], NonExpertTime] = {}
+        # live forwards: rows written in place, charged together
+        self._closed: list[_LiveForward] = []
+        self._open: _LiveForward | None = None
+        self._rows = n_layers
+        self._alloc(LIVE_CHUNK + 1, n_layers)
+
+    def _alloc(self, forwards: int, rows: int) -> None:
+        self._loads = np.zeros((forwards, rows, self.n_experts), np.int64)
+        self._gpu = np.zeros((forwards, rows, self.n_experts), bool)
+        self._missed = np.zeros((forwards, rows, self.n_experts), bool)
+
+    # ---- live: one layer at a time ----------------------------------------------------
+    def begin_forward(self, step: StepInfo, n_tokens: int, n_context: int) -> None:
+        if self._open is not None:
+            self.end_forward()
+        self._open = _LiveForward(step, (n_tokens, n_context))
+
+    def record_layer(self, loads: np.ndarray, gpu_mask: np.ndarray, missed: np.ndarray, copies_sync: int,
+                     copies_scratch: int, copies_free: int, copies_async: int, wait: tuple[int, int] = (0, 0),
+                     gpu_s: float = float("nan")) -> None:
+        """One layer of the open forward: its loads, the experts computed on the GPU (a
+        bool mask; the other routed ones run on the CPU), the routed experts that missed (a
+        bool mask),
+        its copies, what its GPU experts wait for (row, copies) and, for topology=multi,
+        its GPU seconds."""
+        forward = self._open
+        if forward is None:
+            raise RuntimeError("record_layer outside begin_forward/end_forward")
+        f, j = len(self._closed), len(forward.counts)
+        if j >= self._rows:  # more layers than the model has: room for them
+            self._grow(j + 1)
+        self._loads[f, j] = loads
+        self._gpu[f, j] = gpu_mask
+        self._missed[f, j] = missed
+        forward.counts.append((copies_sync, copies_scratch, copies_free, copies_async, *wait, gpu_s))
+
+    def _grow(self, rows: int) -> None:
+        old = (self._loads, self._gpu, self._missed)
+        self._rows = rows
+        self._alloc(old[0].shape[0], rows)
+        for new, was in zip((self._loads, self._gpu, self._missed), old, strict=True):
+            new[:, : was.shape[1]] = was
+
+    def end_forward(self) -> None:
+        if self._open is None:
+            return
+        self._closed.append(self._open)
+        self._open = None
+        if len(self._closed) >= LIVE_CHUNK:
+            self.flush()
+
+    def note_last_forward(self, **figures: Any) -> None:
+        """Add figures (a measured run's timings) to the last closed forward's step."""
+        index = len(self._series) + len(self._closed) - 1
+        if index < len(self._series):  # already charged
+            self._series[index].update(figures)
+        else:
+            self._notes[index] = figures
+
+    def flush(self) -> None:
+        """Charge the closed live forwards, in order, in runs of equal layer counts."""
+        closed, self._closed = self._closed, []
+        first = 0
+        while first < len(closed):
+            m = len(closed[first].counts)
+            last = first
+            while last < len(closed) and len(closed[last].counts) == m:
+                last += 1
+            self._charge_live(closed[first:last], first, m)
+            first = last
+
+    def counters_now(self) -> Counters:
+        """The counters with every recorded layer charged, the open forward's too (as far
+        as it went: not its end, so no step for it and no drain of its link)."""
+        self.flush()
+        if self._open is None:
+            return self.counters
+        kept, series = self.counters, self._series
+        self.counters, self._series = replace(kept), []
+        try:
+            self._charge_live([self._open], 0, len(self._open.counts), closed=False)
+            return self.counters
+        finally:
+            self.counters, self._series = kept, series
+
+    def _charge_live(self, forwards: list[_LiveForward], first: int, m: int, closed: bool = True) -> None:
+        counts = np.array([fw.counts for fw in forwards], np.float64).reshape(len(forwards), m, 7)
+        ints = counts[..., :6].astype(np.int64)
+        rows = slice(first, first + len(forwards))
+        outcome = LayerOutcomes(
+            self._loads[rows, :m], self._gpu[rows, :m], self._missed[rows, :m], ints[..., 0], ints[..., 1],
+            ints[..., 3], copies_free=ints[..., 2], wait_row=ints[..., 4], wait_copies=ints[..., 5],
+            gpu_s=None if np.isnan(counts[..., 6]).all() else counts[..., 6],
+        )
+        self.charge([fw.step for fw in forwards], [fw.size for fw in forwards], outcome, closed)
+
+    # ---- a batch of forwards ----------------------------------------------------------
+    def breakdown(self, n_tokens: int, n_context: int) -> NonExpertTime:
+        size = (n_tokens, n_context)
+        if size not in self._breakdowns:
+            self._breakdowns[size] = self.cost.non_expert_breakdown(*size)
+        return self._breakdowns[size]
+
+    def charge(self, steps: list[StepInfo], sizes: list[tuple[int, int]], out: LayerOutcomes,
+               closed: bool = True) -> None:
+        """Charge n forwards (their steps, (tokens, context) and layer outcomes), in order;
+        closed=False: forwards still open, charged up to their last recorded layer."""
+        c, loads = self.counters, out.loads
+        tally = layer_tallies(loads, out.on_gpu, out.missed)
+        routed, missed = tally.routed, tally.missed
+        given = out.gpu_s  # topology=multi: the slowest GPU's seconds
+        gpu_s = given if given is not None else self.gpu_seconds(loads, out.on_gpu, tally.n_gpu, tally.top)
+        cpu_s = self.cpu_seconds(loads, lambda: (loads > 0) & ~out.on_gpu, tally.n_cpu, tally.top)
+        parts = [self.breakdown(*size) for size in sizes]
+        split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts], np.float64).reshape(-1, 3)
+        n_sync = out.copies_scratch + out.copies_sync
+        copy_one = self.cost.copy_time(1)
+        if self.cost.pageable:  # every copy blocks the host: charged where it is issued, nothing in flight
+            blocking = n_sync + out.copies_async
+            times = forward_times(split, self.n_layers, gpu_s, cpu_s, blocking, np.zeros_like(blocking), copy_one,
+                                  self.overlap, cpu_after_copies=True)
+        else:
+            pipeline = self._pipeline(out, tally, n_sync) if self.pipeline_slots > 0 else None
+            times = forward_times(split, self.n_layers, gpu_s, cpu_s, n_sync, out.copies_async, copy_one,
+                                  self.overlap, out.wait_row, out.wait_copies, pipeline)
+        c.routed_pairs += int(routed.sum())
+        c.missed_pairs += int(missed.sum())
+        c.cpu_expert_tokens += int(tally.cpu_tokens.sum())
+        c.copies_sync += int(out.copies_sync.sum())
+        c.copies_scratch += int(out.copies_scratch.sum())
+        c.copies_async += int(out.copies_async.sum())
+        c.copies_free += int(out.copies_free.sum()) if out.copies_free is not None else 0
+        c.time_non_expert_s = running_sum(c.time_non_expert_s, np.array([p.total for p in parts]))
+        waits = np.concatenate([times.copies_s, times.drain_s[:, None]], 1) if closed else times.copies_s
+        c.time_gpu_experts_s = running_sum(c.time_gpu_experts_s, gpu_s)
+        c.time_cpu_experts_s = running_sum(c.time_cpu_experts_s, times.cpu_exposed_s)
+        c.time_copies_s = running_sum(c.time_copies_s, waits)
+        c.busy_cpu_experts_s = running_sum(c.busy_cpu_experts_s, cpu_s)
+        c.busy_copies_s = running_sum(c.busy_copies_s, (n_sync + out.copies_async) * copy_one)
+        if closed:
+            self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
+
+    def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
+        """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
+        if not np.array_equal(tally.n_to_load, n_sync):
+            raise RuntimeError("a pipelined layer copies other experts than its missed GPU experts")
+        loads = out.loads
+        hit_s = self.gpu_seconds(loads, lambda: out.on_gpu & ~out.missed, tally.n_hit, tally.top)
+        table = self.cost.time_table("gpu", tally.top)
+        return MissPipeline(self.pipeline_slots, hit_s, loads, out.on_gpu & out.missed, table)
+
+    def _append_steps(self, steps: list[StepInfo], routed: list[int], missed: list[int], totals: list[float]) -> None:
+        for i, step in enumerate(steps):
+            entry = {
+                "global_step": step.global_step, "prompt": step.prompt, "kind": step.kind, "block": step.block,
+                "step": step.step, "routed_pairs": routed[i], "missed_pairs": missed[i],
+                "miss_rate": missed[i] / routed[i] if routed[i] else 0.0, "modeled_latency_s": totals[i],
+            }
+            entry.update(self._notes.pop(len(self._series), {}))
+            self._series.append(entry)
+
+    # ---- results ----------------------------------------------------------------------
+    @property
+    def forwards(self) -> int:
+        return len(self._series) + len(self._closed)
+
+    def step_series(self) -> list[dict[str, Any]]:
+        self.flush()
+        return self._series
+
+    def figures(self) -> dict[str, Any]:
+        """The run's accounts as a summary's figures: counters, I/O, modeled time, steps."""
+        c = self.counters_now()
+        step_series = self.step_series()
+        copies = c.copies_sync + c.copies_async + c.copies_scratch
+        io_bytes = int(copies * self.cost.expert_bytes)
+        modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
+        return {
+            "forwards": len(step_series),
+            "routed_pairs": c.routed_pairs,
+            "missed_pairs": c.missed_pairs,
+            "miss_rate": c.missed_pairs / c.routed_pairs if c.routed_pairs else 0.0,
+            "io_bytes": io_bytes,
+            "io_gb": io_bytes / 1e9,
+            "cpu_expert_tokens": c.cpu_expert_tokens,
+            "copies_sync": c.copies_sync,
+            "copies_async": c.copies_async,
+            "copies_scratch": c.copies_scratch,
+            "copies_free": c.copies_free,
+            "time_gpu_experts_s": c.time_gpu_experts_s,
+            "time_cpu_experts_s": c.time_cpu_experts_s,
+            "time_copies_s": c.time_copies_s,
+            "time_non_expert_s": c.time_non_expert_s,
+            "busy_cpu_experts_s": c.busy_cpu_experts_s,
+            "busy_copies_s": c.busy_copies_s,
+            "modeled_time_s": modeled,
+            "step_series": list(step_series),
+        }

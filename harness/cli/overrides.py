@@ -1,0 +1,153 @@
+"""Check the command line before Hydra runs it.
+
+Hydra reports a bad override (unknown group option, wrong type, unknown key) in several
+lines and exit code 1. The harness composes every override here first, each sweep value
+once, types it (`typed_config`: the config dataclasses check their values) and reports
+the first problem as one line naming the key and what is allowed, so a sweep never
+starts with a typo in its tenth job.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from harness.common.errors import HarnessError
+from harness.job.config import HarnessConfig
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
+_FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package"}
+_SKIP_ALL = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
+
+
+def user_overrides(argv: list[str]) -> list[str] | None:
+    """The overrides in argv that compose the job config; None when Hydra will not run a job."""
+    out, skip_next = [], False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        if arg in _SKIP_ALL or arg.split("=")[0] in _SKIP_ALL:
+            return None
+        if arg in _FLAGS_WITH_VALUE:
+            skip_next = True
+            continue
+        if arg.startswith("-"):
+            continue
+        if arg.lstrip("+~").startswith("hydra"):
+            continue  # Hydra's own settings (launcher, sweeper, run dir)
+        out.append(arg)
+    return out
+
+
+def override_variants(overrides: list[str]) -> list[list[str]]:
+    """One override list per sweep value (others at their first value): linear, not a grid."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        raise HarnessError(_bad_override(overrides, exc)) from None
+    base, sweeps = [], []
+    for ov in parsed:
+        if ov.is_sweep_override():
+            key = ov.get_key_element()
+            values = [f"{key}={v}" for v in ov.sweep_string_iterator()]
+            sweeps.append((len(base), values))
+            base.append(values[0])
+        else:
+            base.append(ov.input_line)
+    variants = [base]
+    for pos, values in sweeps:
+        for v in values[1:]:
+            variants.append([*base[:pos], v, *base[pos + 1 :]])
+    return variants
+
+
+def typed_config(cfg: DictConfig) -> HarnessConfig:
+    """The composed config as a HarnessConfig: interpolations resolved, each part its
+    dataclass (value checks run in their __post_init__); any problem is a one-line
+    HarnessError. Nothing below the entry point sees the DictConfig."""
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise HarnessError(one_line(exc)) from None
+    if not isinstance(typed, HarnessConfig):
+        raise HarnessError(f"the composed config is a {type(typed).__name__}, not a HarnessConfig; "
+                           "conf/config.yaml must list base_config first in its defaults")
+    return typed
+
+
+def compose_checked(overrides: list[str]) -> HarnessConfig:
+    """Compose the job config for these overrides and type it; any problem is a one-line
+    HarnessError."""
+    return typed_config(compose_raw(overrides))
+
+
+def compose_raw(overrides: list[str]) -> DictConfig:
+    """The composed, untyped job config (what Hydra hands `main`); problems are one-line
+    HarnessErrors."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except MissingConfigException as exc:
+        raise HarnessError(_missing_option(exc)) from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise HarnessError(one_line(exc)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return cfg
+
+
+def precheck(argv: list[str]) -> None:
+    overrides = user_overrides(argv)
+    if overrides is None:
+        return
+    for variant in override_variants(overrides):
+        compose_checked(variant)
+
+
+def _bad_override(overrides: list[str], exc: HydraException) -> str:
+    """Name the override Hydra cannot parse: its own message names only the offending text."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except HydraException as own:
+            key = override.split("=", 1)[0]
+            return (f"cannot parse the override {override!r} (key {key}): {one_line(own)}; "
+                    "quote a value holding brackets, commas or spaces, e.g. 'key=\"a,b\"'")
+    return one_line(exc)
+
+
+def _missing_option(exc: MissingConfigException) -> str:
+    text = str(exc)
+    found = re.search(r"Could not find '([^']+)'", text)
+    if found and "/" in found.group(1):
+        group, option = found.group(1).rsplit("/", 1)
+        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+        options = [o for o in options if not o.endswith("_schema")]
+        allowed = ", ".join(options) if options else f"see conf/{group}/"
+        return f"{group}={option} is not an option of group '{group}'; choose one of: {allowed}"
+    return one_line(exc)
+
+
+def one_line(exc: BaseException) -> str:
+    """First line of an exception (and of its cause), plus the config key it names."""
+    parts = []
+    for e in (exc, exc.__cause__):
+        if e is None:
+            continue
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        if lines and lines[0] not in parts:
+            parts.append(lines[0])
+        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+        if key:
+            parts.append(f"(key: {key})")
+    return " ".join(parts) or type(exc).__name__

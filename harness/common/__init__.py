@@ -1,0 +1,7 @@
+"""The bottom layer: the one exception type for bad input and the file helpers every layer
+uses (docs/architecture.md has the layers).
+
+  errors.py   HarnessError (one line, exit 2), argparse that raises it, output-dir checks
+  files.py    atomic writes (temp file, fsync, rename), JSON reading, stable fingerprints
+  checks.py   the small checks typed config parts share (require, given)
+"""

@@ -1,0 +1,189 @@
+"""Cached artifacts every run shares, keyed by what determines them.
+
+- the calibration trace: gpu_only routing of the calibration prompts (systems learn from it)
+- the reference tokens: gpu_only output of the workload (the lossless check compares to it)
+- the workload trace: gpu_only routing of the workload with next-layer hints (replay runs
+  every system over it)
+
+With `decode.cache=none` both traces are derived from the prefix-cached recording
+(`trace.derive_no_cache`): the same routing at a fraction of the cost, since a no-cache
+decode recomputes the whole window every step. The derived trace is cached under the
+no-cache key, the prefix trace under its own.
+
+All three depend only on the model, its weights, the prompts and the decode settings, not
+on the system: on one device every system produces the gpu_only tokens bit for bit, so it
+also routes exactly like gpu_only. The model is loaded only when something must be
+computed; a cache hit costs a file read.
+
+They also depend on the code that computes them: a change in how the model or the
+decoding loop rounds (a different kernel, another summation order) changes tokens, and a
+reference from the old code would then fail every lossless check of the new one. So the
+key holds a fingerprint of that code (`NUMERICS_SOURCES`) and of the torch version, and
+for real weights the size and modification time of the checkpoint's files: after any of
+them changes, the artifacts are computed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import systems
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.common.errors import HarnessError
+from harness.common.files import fingerprint
+from harness.decode.decode_batch import DecodeBatch, decode_with_engine
+from harness.decode.decoding import DecodeSettings, steps_per_block
+from harness.decode.lossless import load_reference, store_reference
+from harness.job.hybrid_setup import all_gpu_engine, reference_key
+from harness.placement.trace import RoutingTrace, derive_no_cache
+from harness.training.proxy_cache import RESULT_WEIGHTS, weights_at, weights_dir
+
+if TYPE_CHECKING:
+    from harness.decode.loading import LoadedModel
+    from harness.job.config import HarnessConfig
+
+ModelLoader = Callable[[], "LoadedModel"]
+
+
+# the code that decides tokens and routing, relative to harness/ (see the module docstring)
+NUMERICS_SOURCES = ("model/llada2.py", "model/experts.py", "model/checkpoint.py", "model/config.py",
+                    "model/proxy.py", "decode/decoding.py", "decode/workload.py", "training/proxy_cache.py")
+
+
+def code_fingerprint(root: Path, sources: tuple[str, ...]) -> str:
+    """A digest of the torch version and the source files (names and bytes) under root."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for rel in sources:
+        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def numerics_fingerprint() -> str:
+    return code_fingerprint(Path(__file__).resolve().parent.parent, NUMERICS_SOURCES)
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """A digest of every source file of the harness and the systems: which code produced a
+    result (recorded in result.json; resume=true reuses only results of the same code)."""
+
+    roots = [Path(__file__).resolve().parent.parent, Path(systems.__file__).resolve().parent]
+    base = roots[0].parent
+    sources = tuple(sorted(str(f.relative_to(base)) for root in roots for f in root.rglob("*.py")))
+    return code_fingerprint(base, sources)
+
+
+def checkpoint_files(path: Path) -> str:
+    """Size and modification time of a real checkpoint's weights and configs: a checkpoint
+    replaced at the same path gets new artifacts."""
+    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in path.glob("*") if p.suffix in (".safetensors", ".json"))
+    return fingerprint({"files": stats})
+
+
+def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
+    """What determines routing and tokens besides the prompts and decode settings."""
+    identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint()}
+    if cfg.model.path is not None:
+        checkpoint = Path(cfg.model.path).resolve()
+        identity.update(weights=weights_at(checkpoint), checkpoint=str(checkpoint),
+                        checkpoint_files=checkpoint_files(checkpoint))
+    else:  # a proxy is rebuilt from its seed (and corpus) by the code fingerprinted above
+        kind = cfg.model.weights
+        checkpoint = weights_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed, kind)
+        # the directory name holds the corpus digest (and, trained, the training key)
+        identity.update(weights=RESULT_WEIGHTS[kind], checkpoint=str(checkpoint.resolve()))
+    return identity
+
+
+def artifact_key(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> str:
+    return fingerprint({**model_identity(cfg), "decode": asdict(settings), "prompts": prompts})
+
+
+def new_trace(loaded: LoadedModel, cfg: HarnessConfig, settings: DecodeSettings, purpose: str) -> RoutingTrace:
+    g = loaded.nominal
+    meta = {"purpose": purpose, **model_identity(cfg), "decode": asdict(settings)}
+    return RoutingTrace(g.n_moe_layers, g.num_experts, geometry=g.to_dict(), meta=meta)
+
+
+def record_trace(loaded: LoadedModel, cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings,
+                 purpose: str) -> tuple[RoutingTrace, DecodeBatch]:
+    """Decode with every expert in place and record the routing (with hints)."""
+
+    g = loaded.nominal
+    trace = new_trace(loaded, cfg, settings, purpose)
+    engine = all_gpu_engine(loaded, CostModel(g, HardwareConfig()), steps_per_block(settings), trace=trace)
+    batch = decode_with_engine(loaded, engine, prompts, settings, desc=purpose)
+    describe_batch(trace, batch)
+    return trace, batch
+
+
+def describe_batch(trace: RoutingTrace, batch: DecodeBatch) -> None:
+    """What replay needs to turn modeled seconds into tokens/s."""
+    trace.meta.update(prompts=len(batch.outputs), generated_tokens=batch.generated_tokens,
+                      denoise_steps=batch.denoise_steps)
+
+
+def _cached_trace(path: Path) -> RoutingTrace | None:
+    if not path.exists():
+        return None
+    try:
+        return RoutingTrace.load(path)
+    except HarnessError:
+        return None  # a damaged cache entry is recorded again, never trusted
+
+
+def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelLoader,
+                      backend: str = "cpu") -> RoutingTrace:
+    """The calibration routing, cached per backend: a device decodes in its own dtype with
+    its own kernels, so it routes (a little) differently from the host emulation."""
+    prompts = [str(p) for p in cfg.calibration.prompts]
+    if not prompts:
+        raise HarnessError(f"system={cfg.system.name} learns from a calibration trace but calibration.prompts "
+                           "is empty; list prompts under calibration.prompts")
+    key = artifact_key(cfg, settings, prompts)
+    key = reference_key(key, backend)  # the cpu backend's key is the artifact key itself
+    path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
+    trace = _cached_trace(path)
+    if trace is None:
+        if settings.cache == "none":
+            trace = derive_no_cache(calibration_trace(cfg, replace(settings, cache="prefix"), load, backend))
+        else:
+            trace, _ = record_trace(load(), cfg, prompts, settings, "calibration")
+        trace.save(path)
+    return trace
+
+
+def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader
+                   ) -> tuple[RoutingTrace, Path]:
+    """The gpu_only routing of the workload, recorded live on first use; its tokens are
+    stored as the reference too, since they are the same decode. A no-cache trace is
+    derived from the prefix-cached one (whose tokens are not stored as the no-cache
+    reference: a live no-cache run computes its own)."""
+    key = artifact_key(cfg, settings, prompts)
+    path = Path(cfg.cache_dir) / "traces" / f"{key}.npz"
+    trace = _cached_trace(path)
+    if trace is None and settings.cache == "none":
+        prefix, prefix_path = workload_trace(cfg, prompts, replace(settings, cache="prefix"), load)
+        trace = derive_no_cache(prefix)
+        trace.meta["derived_from_trace"] = str(prefix_path)
+        trace.save(path)
+    if trace is None:
+        trace, batch = record_trace(load(), cfg, prompts, settings, "workload")
+        trace.save(path)
+        if load_reference(cfg.cache_dir, key) is None:
+            store_reference(cfg.cache_dir, key, [o.generated for o in batch.outputs], model_identity(cfg))
+    return trace, path
+
+
+def reference_tokens(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
+    key = artifact_key(cfg, settings, prompts)
+    return key, load_reference(cfg.cache_dir, key)

@@ -1,0 +1,120 @@
+"""The typed run config: `HarnessConfig` and the dataclasses of its parts.
+
+The schemas are stored in Hydra's ConfigStore; `conf/config.yaml` pulls `base_config` in
+first, and every system option file pulls its system's schema (`<name>_schema`), so every
+YAML group is merged onto a typed node and a wrong type fails at compose time. The entry
+point (harness/__main__.py, harness/cli/overrides.py) turns the composed config into a
+`HarnessConfig` with `OmegaConf.to_object`; everything below it gets typed parts.
+
+Value checks that a type cannot express (ranges, choices, pairings) run in the
+dataclasses' `__post_init__` and raise one-line `HarnessError`s naming the key. A part
+built by the schema itself holds `MISSING` ("???") in its mandatory fields; checks skip
+those (`to_object` refuses a config that still has one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from harness.accounting.budget import BudgetConfig
+from harness.accounting.cost import HardwareConfig
+from harness.accounting.topology import TopologyConfig, build_topology, check_system_topology
+from harness.common.checks import given, require
+from harness.decode.decoding import DecodeSettings
+from harness.decode.workload import WorkloadConfig
+from harness.hybrid.backend import check_backend
+from harness.model.settings import ModelConfig, nominal_geometry
+from harness.tracking.settings import TrackingConfig
+from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
+
+SOURCES = ("live", "trace")
+
+
+@dataclass
+class CalibrationConfig:
+    prompts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TraceConfig:
+    path: str | None = None  # replay: a trace.npz; null = the cached trace of this model/workload/decode
+    record: bool = False  # live: also save trace.npz (+ calibration.npz) into the run dir
+
+
+@dataclass
+class HarnessConfig:
+    """One run's whole config. `system` is the chosen system's own config dataclass
+    (systems/registry.py SYSTEM_CONFIGS); `block` is what conf/decode/*.yaml take
+    decode.block_length and decode.steps from (`block=64`, sweeps `block=32,64`)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    block: int = 32
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    system: Any = MISSING
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    cache_dir: str = "outputs/cache"
+    limit_prompts: int | None = None
+    show_text: bool = True
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    source: str = "live"  # live: decode with the model | trace: replay a routing trace (harness/job/replay.py)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    resume: bool = False  # skip jobs whose result exists for the same config hash (harness/job/resume.py)
+    backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
+
+    def __post_init__(self) -> None:
+        """The checks that span parts (each part checked its own values when it was built)."""
+        w = self.workload
+        require(
+            w.path is not None or len(w.prompts) > 0 or w.dataset is not None,
+            f"workload={w.name} has no prompts: set workload.path=<file.jsonl> "
+            "(one JSON object with a 'prompt' per line) or list workload.prompts",
+        )
+        require(self.source in SOURCES, f"source={self.source!r} is not allowed; use live or trace")
+        require(
+            self.limit_prompts is None or self.limit_prompts > 0,
+            f"limit_prompts={self.limit_prompts} must be positive or null",
+        )
+        check_backend(self.backend)  # cuda without a GPU is a one-line error
+        if given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
+            entry = REGISTRY[self.system.name]
+            check_system_topology(entry.name, entry.multi_gpu, build_topology(self.topology))
+            system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
+        if given(self.model.name):
+            self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        """decode lengths against the model's positions (the published, or the proxy's,
+        geometry; a real checkpoint's own config.json and each prompt's token count are
+        checked at load)."""
+        d = self.decode
+        limit = nominal_geometry(self.model).max_position_embeddings
+        require(d.gen_length + 1 <= limit,
+                 f"decode.gen_length={d.gen_length} does not fit model={self.model.name}'s {limit} positions "
+                 f"(prompt + generated tokens); use at most {limit - 1}")
+        require(d.block_length <= limit,
+                 f"decode.block_length={d.block_length} exceeds model={self.model.name}'s {limit} positions")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The resolved config as plain data: result.json's "config" and the resume hash."""
+        return asdict(self)
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=HarnessConfig)
+    _register_system_schemas(cs)
+
+
+def _register_system_schemas(cs: ConfigStore) -> None:
+    """Each system's options are typed by its own dataclass: conf/system/<name>.yaml pulls
+    `<name>_schema` into its defaults."""
+    for name, node in SYSTEM_CONFIGS.items():
+        cs.store(group="system", name=f"{name}_schema", node=node)

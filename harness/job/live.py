@@ -1,0 +1,104 @@
+"""One run: load the model, decode the workload under a system, write result.json.
+
+Data flow (docs/architecture.md):
+  config -> model (real weights at model.path, else a cached proxy)
+         -> calibration trace (gpu_only routing of the calibration prompts, cached) if the
+            system learns from one -> system.prepare() through the engine
+         -> decode every workload prompt with the common loop; each MoE layer asks the
+            engine, which asks the system for a plan, checks it and charges the cost model
+         -> compare tokens with the cached gpu_only reference (lossless)
+         -> result.json in the run directory (atomically) -> summary line
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.decode.decode_batch import decode_with_engine, encode_checked
+from harness.decode.decoding import steps_per_block
+from harness.decode.loading import LoadedModel
+from harness.decode.lossless import compare_tokens, load_reference, store_reference
+from harness.decode.workload import load_prompts, workload_record
+from harness.job.artifacts import artifact_key, calibration_trace, describe_batch, model_identity, new_trace
+from harness.job.config import HarnessConfig
+from harness.job.execution import Execution
+from harness.job.replay import run_replay
+from harness.job.setup import build_result, setup_run
+from harness.model.settings import nominal_geometry
+from harness.results.run_result import DecodedOutputs, RunIdentity, RunResult
+from harness.traces.routing_stats import statistics_with_uniform
+
+
+def run_job(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
+    """Run one configuration and write `result.json` into `run_dir`: live by default,
+    over a recorded routing trace with `source=trace`. `cfg` was checked when it was built."""
+    if cfg.source == "trace":
+        return run_replay(cfg, run_dir)
+    return run_live(cfg, run_dir)
+
+
+def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
+    run_dir = Path(run_dir)
+    prompts = load_prompts(cfg.workload, cfg.limit_prompts)
+    settings = cfg.decode
+    setup = setup_run(cfg, nominal_geometry(cfg.model))
+    execution = Execution.choose(cfg.backend)  # host or device: every backend-dependent step asks it
+    t0 = time.perf_counter()
+    loaded = execution.load(cfg)
+    load_s = time.perf_counter() - t0
+    encode_checked(loaded, prompts, settings, "workload")  # a prompt too long fails before any decoding
+
+    def model() -> LoadedModel:
+        return loaded
+
+    record = cfg.trace.record
+    calibration = None
+    if setup.needs_calibration or record:
+        calibration = calibration_trace(cfg, settings, model, execution.backend)
+    # a device's reference is computed by its own kernels: CPU kernels round differently
+    ref_key = execution.cache_key(artifact_key(cfg, settings, prompts))
+    reference = load_reference(cfg.cache_dir, ref_key)
+    if reference is None and setup.system.name != "gpu_only":
+        reference = execution.reference_tokens(loaded, setup.cost, prompts, settings)
+        store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
+
+    trace = new_trace(loaded, cfg, settings, "workload") if record else None
+    engine = setup.engine(trace)
+    engine.prepare(calibration if setup.needs_calibration else None, steps_per_block(settings))
+    runner = execution.runner(loaded, engine)  # kept here: its measured figures go into the result
+    batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
+    execution.close(runner)
+    tokens = [o.generated for o in batch.outputs]
+    if reference is None:  # this gpu_only run is the reference
+        reference = tokens
+        store_reference(cfg.cache_dir, ref_key, tokens, model_identity(cfg))
+    check = compare_tokens(reference, tokens)
+    if trace is not None:
+        describe_batch(trace, batch)
+        trace.save(run_dir / "trace.npz")
+        calibration.save(run_dir / "calibration.npz")
+
+    counts = {"prompts": len(prompts), "generated_tokens": batch.generated_tokens,
+              "denoise_steps": batch.denoise_steps, "routed_tokens": batch.routed_tokens}
+    clock = {"wall_s": batch.wall_s, "load_s": load_s,
+             "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0}
+    result = build_result(cfg, setup, engine, counts, clock, RunIdentity(
+        source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=execution.backend))
+    result.lossless = check.metrics()
+    result.workload = workload_record(cfg.workload, prompts)  # MLflow's dataset input
+    if trace is not None:  # how realistic this run's routing is, beside uniform routing
+        result.routing = statistics_with_uniform(trace, max(1, int(setup.budget.experts_per_layer)))
+    execution.add_measured(result, runner)  # on a device: timing=measured, the modeled figures beside it
+    first = batch.outputs[0]
+    result.decoded = DecodedOutputs(
+        outputs=[{"prompt_tokens": len(o.prompt_ids), "tokens": o.generated, "n_generated": o.n_generated,
+                  "stopped_at_eos": o.stopped_at_eos} for o in batch.outputs],
+        steps=[asdict(r) for o in batch.outputs for r in o.records],
+        first_text=loaded.tokenizer.decode(first.generated[: first.n_generated]),
+    )
+    result.save_json(run_dir / "result.json")
+    return result
+
+

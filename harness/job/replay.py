@@ -1,0 +1,127 @@
+"""Replay: any system and the cost model over a recorded routing trace, with no model.
+
+    python -m harness source=trace system=tide                    # the cached workload trace
+    python -m harness source=trace trace.path=outputs/runs/X/trace.npz system=fiddler
+
+With `trace.path: null` the trace is the cached gpu_only routing of this model, workload
+and decode settings (recorded live on first use, then shared by every job of a sweep).
+An explicit path is a `trace.npz` written by a live run with `trace.record=true`; its
+calibration trace is the `calibration.npz` beside it.
+
+The engine sees exactly what it saw live (the same loads, tokens, context and hints per
+forward), so a replay gives the same counters and modeled time as the live run; a test
+holds the two together. Replays have no numerics: there is no lossless check and no wall
+clock throughput.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from harness.common.errors import HarnessError
+from harness.decode.loading import LoadedModel, load_model
+from harness.decode.workload import load_prompts, workload_record
+from harness.job.artifacts import calibration_trace, workload_trace
+from harness.job.config import HarnessConfig
+from harness.job.setup import build_result, setup_run
+from harness.model import LLaDA2Config
+from harness.model.settings import nominal_geometry
+from harness.placement.trace import RoutingTrace
+from harness.results.run_result import RunIdentity, RunResult
+from harness.traces.batch_replay import replay_trace
+
+
+def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path, model: str = "?") -> None:
+    """The trace was recorded with this model's geometry (MoE layers x experts, and the
+    geometry it stored when it has one): a trace of another model is refused by name."""
+    recorded = trace.meta.get("model", "?") if isinstance(trace.meta.get("model"), str) else "?"
+    same_shape = (trace.n_layers, trace.n_experts) == (geometry.n_moe_layers, geometry.num_experts)
+    stored = trace.geometry
+    same_geometry = all(stored.get(k, getattr(geometry, k)) == getattr(geometry, k) for k in GEOMETRY_KEYS)
+    if not (same_shape and same_geometry):
+        raise HarnessError(
+            f"trace {path} was recorded with model={recorded} ({trace.n_layers} MoE layers x {trace.n_experts} "
+            f"experts) but model={model} ({geometry.n_moe_layers} x {geometry.num_experts}) is configured; "
+            "replay it with the model it was recorded with"
+        )
+
+
+GEOMETRY_KEYS = ("num_hidden_layers", "first_k_dense_replace", "num_experts", "num_experts_per_tok")
+
+
+def meta_count(trace: RoutingTrace, key: str, path: Path) -> int:
+    """An integer the trace's meta records (prompts, tokens, steps); 0 when absent."""
+    value = trace.meta.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HarnessError(f"trace {path} records {key}={value!r} in its meta; record it again")
+    return value
+
+
+def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
+    """Denoising steps per block the trace was decoded with (its meta's decode.steps)."""
+    decode = trace.meta.get("decode", {})
+    steps = decode.get("steps", default) if isinstance(decode, dict) else None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise HarnessError(f"trace {path} records decode.steps={steps!r} in its meta; record it again")
+    gen = decode.get("gen_length")  # the decode clamps its steps per block to gen_length, as the reference
+    return min(steps, gen) if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 else steps
+
+
+def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, RoutingTrace | None]:
+    trace = RoutingTrace.load(path)
+    calibration = None
+    if needs_calibration:
+        beside = path.parent / "calibration.npz"
+        if not beside.exists():
+            raise HarnessError(f"this system learns from a calibration trace but there is no {beside}; "
+                               "record the trace with a live run and trace.record=true")
+        calibration = RoutingTrace.load(beside)
+    return trace, calibration
+
+
+def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
+    run_dir = Path(run_dir)
+    settings = cfg.decode
+    setup = setup_run(cfg, nominal_geometry(cfg.model))
+    loaded: list[LoadedModel] = []
+
+    def model() -> LoadedModel:  # only when a cached trace has to be recorded first
+        if not loaded:
+            loaded.append(load_model(cfg.model, cfg.cache_dir))
+        return loaded[0]
+
+    workload = None  # an explicit trace holds prompts this config does not name
+    if cfg.trace.path is not None:
+        path = Path(cfg.trace.path)
+        trace, calibration = explicit_traces(path, setup.needs_calibration)
+    else:
+        prompts = load_prompts(cfg.workload, cfg.limit_prompts)
+        workload = workload_record(cfg.workload, prompts)
+        trace, path = workload_trace(cfg, prompts, settings, model)
+        calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
+    check_geometry(trace, setup.geometry, path, str(cfg.model.name))
+    if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
+        check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
+
+    engine = setup.engine()
+    engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
+    start = time.perf_counter()
+    replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
+    replay_s = time.perf_counter() - start
+    counts = {
+        "prompts": meta_count(trace, "prompts", path),
+        "generated_tokens": meta_count(trace, "generated_tokens", path),
+        "denoise_steps": meta_count(trace, "denoise_steps", path),
+        "routed_tokens": sum(trace.n_tokens),
+    }
+    clock = {"replay_s": replay_s,
+             "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
+    derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording
+    identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
+                           checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
+                           trace_derived_from=str(derived) if derived else None)
+    result = build_result(cfg, setup, engine, counts, clock, identity)
+    result.workload = workload
+    result.save_json(run_dir / "result.json")
+    return result

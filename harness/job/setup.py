@@ -1,0 +1,90 @@
+"""What live runs (harness/job/live.py) and replays (harness/job/replay.py) share: the system,
+budget, hardware and cost model a run charges with (`setup_run`), and the result they
+build from the engine's summary (`build_result`)."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+import hydra
+import torch
+
+import harness
+from harness.accounting.budget import Budget, resolve_budget
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.accounting.profiling import load_hardware
+from harness.accounting.topology import SINGLE, Topology, build_topology
+from harness.engine.engine import OffloadEngine
+from harness.job.artifacts import code_version
+from harness.job.config import HarnessConfig
+from harness.model import LLaDA2Config
+from harness.placement.system import System
+from harness.placement.trace import RoutingTrace
+from harness.results.run_result import DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
+from systems.registry import entry_of, system_from_config
+
+
+@dataclass
+class RunSetup:
+    """What a run charges and decides with: the same for live and replay runs."""
+
+    system: System
+    geometry: LLaDA2Config
+    budget: Budget
+    hardware: HardwareConfig
+    cost: CostModel
+    topology: Topology = SINGLE
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the system, as configured, learns from a calibration trace (its registry entry says)."""
+        return entry_of(self.system).needs_calibration(self.system)
+
+    def engine(self, trace: RoutingTrace | None = None) -> OffloadEngine:
+        return OffloadEngine(self.system, self.geometry, self.budget.experts_per_layer, self.cost, trace=trace,
+                             topology=self.topology, budget_scope=self.budget.scope)
+
+
+def setup_run(cfg: HarnessConfig, geometry: LLaDA2Config) -> RunSetup:
+    system = system_from_config(cfg.system)
+    budget = resolve_budget(cfg.budget, geometry)
+    hardware = load_hardware(cfg.hardware, geometry)
+    return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology))
+
+
+def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, counts: dict[str, Any],
+                 clock: dict[str, float], identity: RunIdentity) -> RunResult:
+    """The result shared by live and replay runs: `identity` says how the run ran (source,
+    weights, checkpoint, backend or trace); the rest comes from the config and the engine."""
+    summary = engine.summary()
+    step_series = summary.pop("step_series")
+    modeled_s = summary["modeled_time_s"]
+    metrics: dict[str, Any] = {
+        "tokens_per_s": counts["generated_tokens"] / modeled_s if modeled_s > 0 else 0.0,
+        "experts_per_layer_derived": setup.budget.derived_experts_per_layer,
+        "budget_gb": setup.budget.gpu_gb,
+        **{k: v for k, v in summary.items() if is_number(v)},  # experts_per_layer: the engine's B (the budget's)
+    }
+    for key, value in counts.items():
+        if key in metrics:
+            raise DuplicateMetricError(f"run count {key!r} is also an engine metric; rename one of them")
+        metrics[key] = value
+    identity.system, identity.model = setup.system.name, cfg.model.name
+    identity.hardware, identity.decode_cache = setup.hardware.name, cfg.decode.cache
+    result = RunResult(identity=identity, config=cfg.as_dict(), budget=setup.budget.as_dict(), metrics=metrics,
+                       system_report=setup.system.report(), timing=Timing("modeled", dict(clock)),
+                       versions=versions(), step_series=step_series)
+    result.flat_metrics()  # a key reported twice is an error now, before anything is written
+    return result
+
+
+def versions() -> dict[str, str]:
+    import transformers  # heavy: imported only when a result is built
+
+    return {
+        "harness": harness.__version__, "code": code_version(), "python": platform.python_version(),
+        "torch": torch.__version__,
+        "hydra": hydra.__version__, "transformers": transformers.__version__, "machine": platform.node(),
+    }

@@ -1,0 +1,266 @@
+"""Routing traces: per (forward, MoE layer) expert loads recorded from a live run.
+
+A trace is what `System.prepare` learns from (calibration) and what replay runs over.
+
+In memory: `steps` (one StepInfo per model forward, with the tokens it ran and the
+context they attended to) and `loads`, an int32 tensor [n_steps, n_moe_layers,
+n_experts] of tokens routed to each expert; optional `hints` (float32, same shape: the
+next MoE layer's gate applied to this layer's hidden state, summed over tokens as
+predicted loads; row l predicts layer l+1; zeros where none was recorded).
+
+On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
+  schema_version  int        TRACE_SCHEMA (a mismatch is refused with one line)
+  geometry        json str   the nominal LLaDA2Config of the run (n layers, experts, ...)
+  meta            json str   free-form provenance (model, weights, decode settings)
+  loads           int32      [S, L, E]
+  hints           float32    [S, L, E] (only if recorded)
+  step_prompt, step_block, step_step, step_global, step_first_block, step_kind,
+  step_tokens, step_context  int32 [S]  (step_kind: 0 prefill, 1 denoise, 2 commit)
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.common.errors import HarnessError
+from harness.common.files import write_atomic
+from harness.placement.steps import StepInfo
+
+TRACE_SCHEMA = 1
+KINDS = ("prefill", "denoise", "commit")
+
+
+@dataclass
+class RoutingTrace:
+    n_layers: int
+    n_experts: int
+    steps: list[StepInfo] = field(default_factory=list)
+    n_tokens: list[int] = field(default_factory=list)
+    n_context: list[int] = field(default_factory=list)
+    geometry: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    _loads: list[torch.Tensor] = field(default_factory=list, repr=False)
+    _hints: list[torch.Tensor | None] = field(default_factory=list, repr=False)
+    _stacked: torch.Tensor | None = field(default=None, repr=False)  # `loads`, until the next change
+
+    def add_step(self, step: StepInfo, n_tokens: int = 0, n_context: int = 0) -> None:
+        self._stacked = None
+        self.steps.append(step)
+        self.n_tokens.append(n_tokens)
+        self.n_context.append(n_context)
+        self._loads.append(torch.zeros(self.n_layers, self.n_experts, dtype=torch.int32))
+        self._hints.append(None)
+
+    def record(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> None:
+        """Record one layer's load for the current (last added) step."""
+        self._stacked = None
+        self._loads[-1][layer] = load.to(torch.int32)
+        if hint is not None:
+            if self._hints[-1] is None:
+                self._hints[-1] = torch.zeros(self.n_layers, self.n_experts, dtype=torch.float32)
+            self._hints[-1][layer] = hint.float()
+
+    @property
+    def loads(self) -> torch.Tensor:
+        if not self._loads:
+            return torch.zeros(0, self.n_layers, self.n_experts, dtype=torch.int32)
+        if self._stacked is None:
+            self._stacked = torch.stack(self._loads)
+        return self._stacked
+
+    @property
+    def has_hints(self) -> bool:
+        return any(h is not None for h in self._hints)
+
+    def hint(self, step: int, layer: int) -> torch.Tensor | None:
+        h = self._hints[step]
+        return None if h is None else h[layer]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def forward_size(self, step: int, top_k: int) -> tuple[int, int]:
+        """(tokens, context) a replay gives forward `step`: what the trace recorded; where
+        it recorded none (0), tokens from the loads (every token routes to top_k experts,
+        so the busiest layer has top_k pairs per token) and the context equals them."""
+        n_tokens = self.n_tokens[step]
+        if not n_tokens:
+            loads = self.loads[step]
+            n_tokens = -(-int(loads.sum(-1).max()) // top_k) if loads.shape[0] else 0
+        return n_tokens, self.n_context[step] or n_tokens
+
+    # ---- files -------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        arrays: dict[str, np.ndarray] = {
+            "schema_version": np.array(TRACE_SCHEMA),
+            "geometry": np.array(json.dumps(self.geometry)),
+            "meta": np.array(json.dumps(self.meta, default=str)),
+            "shape": np.array([self.n_layers, self.n_experts]),
+            "loads": self.loads.numpy(),
+            "step_prompt": np.array([s.prompt for s in self.steps], dtype=np.int32),
+            "step_block": np.array([s.block for s in self.steps], dtype=np.int32),
+            "step_step": np.array([s.step for s in self.steps], dtype=np.int32),
+            "step_global": np.array([s.global_step for s in self.steps], dtype=np.int32),
+            "step_first_block": np.array([s.is_first_block for s in self.steps], dtype=np.int32),
+            "step_kind": np.array([KINDS.index(s.kind) for s in self.steps], dtype=np.int32),
+            "step_tokens": np.array(self.n_tokens, dtype=np.int32),
+            "step_context": np.array(self.n_context, dtype=np.int32),
+        }
+        if self.has_hints:
+            zeros = torch.zeros(self.n_layers, self.n_experts)
+            arrays["hints"] = torch.stack([h if h is not None else zeros for h in self._hints]).numpy()
+        return write_atomic(path, lambda f: np.savez_compressed(f, **arrays))
+
+    @classmethod
+    def load(cls, path: str | Path) -> RoutingTrace:
+        """Read a trace file; anything but a well-formed trace is a one-line HarnessError
+        (never a pickle load: np.load(allow_pickle=False))."""
+        path = Path(path)
+        data = read_arrays(path)
+        version = _scalar_int(data.get("schema_version"))
+        if version != TRACE_SCHEMA:
+            raise HarnessError(f"trace {path} has schema version {version}, this harness reads {TRACE_SCHEMA}; "
+                               "record it again with this version")
+        try:
+            return cls._from_arrays(data)
+        except (KeyError, ValueError, TypeError, IndexError, OverflowError, RecursionError) as exc:
+            raise HarnessError(f"trace {path} is corrupt ({_reason(exc)}); record it again") from None
+
+    @classmethod
+    def _from_arrays(cls, data: dict[str, np.ndarray]) -> RoutingTrace:
+        shape = data["shape"]
+        if shape.shape != (2,) or shape.dtype.kind not in "iu":
+            raise ValueError("shape must be two integers")
+        n_layers, n_experts = (int(v) for v in shape)
+        loads_np = _integer_array(data["loads"], "loads", ndim=3)
+        n = loads_np.shape[0]
+        if loads_np.shape[1:] != (n_layers, n_experts):
+            raise ValueError(f"loads has shape {loads_np.shape[1:]}, shape says {(n_layers, n_experts)}")
+        columns = [_integer_array(data[k], k, ndim=1) for k in STEP_COLUMNS]
+        if any(len(c) != n for c in columns):
+            raise ValueError("step columns and loads differ in length")
+        if (loads_np < 0).any() or any((c < 0).any() for c in columns):
+            raise ValueError("negative loads or step fields")
+        prompt, block, step, glob, first, kind, tokens, context = columns
+        if (kind >= len(KINDS)).any():
+            raise ValueError(f"step_kind outside 0..{len(KINDS) - 1}")
+        hints = None
+        if "hints" in data:
+            hints_np = data["hints"]
+            if hints_np.shape != loads_np.shape or hints_np.dtype.kind != "f" or not np.isfinite(hints_np).all():
+                raise ValueError("hints must be finite floats shaped like loads")
+            hints = torch.from_numpy(hints_np.astype(np.float32))
+        trace = cls(n_layers, n_experts, geometry=_json_object(data["geometry"], "geometry"),
+                    meta=_json_object(data["meta"], "meta"))
+        loads = torch.from_numpy(loads_np.astype(np.int32))
+        for i in range(n):
+            info = StepInfo(int(prompt[i]), int(block[i]), int(step[i]), int(glob[i]), bool(first[i]),
+                            KINDS[int(kind[i])])
+            trace.add_step(info, int(tokens[i]), int(context[i]))
+            trace._loads[-1] = loads[i].clone()
+            trace._stacked = None
+            if hints is not None:
+                trace._hints[-1] = hints[i].clone()
+        trace._stacked = loads
+        return trace
+
+
+STEP_COLUMNS = ("step_prompt", "step_block", "step_step", "step_global", "step_first_block", "step_kind",
+                "step_tokens", "step_context")
+INT32_MAX = np.iinfo(np.int32).max
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an .npz file; a missing, truncated or foreign file is a HarnessError."""
+    if path.is_dir():
+        raise HarnessError(f"trace {path} is a directory; give a trace.npz file")
+    if not path.is_file():
+        raise HarnessError(f"trace {path} does not exist; record one with a live run (trace.record=true)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):  # a bare .npy, not an archive
+                raise ValueError("not an .npz archive")
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, KeyError,
+            RuntimeError) as exc:
+        kind = type(exc).__name__
+        raise HarnessError(f"trace {path} is corrupt or not a trace ({kind}); record it again") from None
+
+
+def _scalar_int(value: np.ndarray | None) -> int:
+    if value is None or value.shape != () or value.dtype.kind not in "iu":
+        return -1
+    return int(value)
+
+
+def _integer_array(value: np.ndarray, name: str, ndim: int) -> np.ndarray:
+    if value.ndim != ndim or value.dtype.kind not in "iub":
+        raise ValueError(f"{name} must be a {ndim}-d integer array, got {value.dtype} {value.shape}")
+    if value.size and value.max() > INT32_MAX:
+        raise ValueError(f"{name} has values beyond int32")
+    return value
+
+
+def _json_object(value: np.ndarray, name: str) -> dict[str, Any]:
+    if value.shape != () or value.dtype.kind != "U":
+        raise ValueError(f"{name} must be a JSON string")
+    parsed = json.loads(str(value))
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{name} must be a JSON object, not a {type(parsed).__name__}")
+    return parsed
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return f"no {exc.args[0]!r} array"
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def derive_no_cache(trace: RoutingTrace) -> RoutingTrace:
+    """The `cache=none` trace of a prefix-cached decode, at prefix cost.
+
+    Under the block-causal mask a token attends only to its own and earlier blocks, so the
+    prompt's whole blocks and every committed block have the same hidden states, hence the
+    same routing, in every later forward: a no-cache denoising step routes the current
+    block (its denoise forward) plus the fixed loads of the prefill and of the commits
+    before it. Hints (sums over tokens) add the same way. The derived trace has one
+    denoise step per recorded one, numbered as a no-cache decode numbers them; its token
+    and context counts are the whole window, as a no-cache forward's.
+    """
+    derived = RoutingTrace(trace.n_layers, trace.n_experts, geometry=dict(trace.geometry),
+                           meta={**trace.meta, "derived_from": "prefix"})
+    decode_meta = dict(trace.meta.get("decode", {}))
+    if decode_meta:
+        decode_meta["cache"] = "none"
+        derived.meta["decode"] = decode_meta
+    loads = trace.loads
+    fixed, fixed_hint, fixed_tokens, prompt = None, None, 0, None
+    global_step = (trace.steps[0].global_step if trace.steps else 0) - 1  # no-cache decodes count denoise steps only
+    for i, step in enumerate(trace.steps):
+        if step.prompt != prompt:  # a new prompt starts with nothing fixed
+            prompt, fixed, fixed_hint, fixed_tokens = step.prompt, torch.zeros_like(loads[i]), None, 0
+        hint = trace._hints[i]
+        if step.kind in ("prefill", "commit"):
+            fixed = fixed + loads[i]
+            fixed_tokens += trace.n_tokens[i]
+            if hint is not None:
+                fixed_hint = hint.clone() if fixed_hint is None else fixed_hint + hint
+            continue
+        global_step += 1
+        window = fixed_tokens + trace.n_tokens[i]
+        derived.add_step(StepInfo(step.prompt, step.block, step.step, global_step, step.is_first_block), window,
+                         window)
+        derived._loads[-1] = fixed + loads[i]
+        if hint is not None or fixed_hint is not None:
+            parts = [h for h in (fixed_hint, hint) if h is not None]
+            derived._hints[-1] = parts[0] + parts[1] if len(parts) == 2 else parts[0].clone()
+    derived._stacked = None
+    return derived
