@@ -48,9 +48,9 @@ from harness.model.settings import nominal_geometry
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
 from harness.traces.batch_replay import replay_trace, summary_differences
-from systems.registry import SYSTEMS, entry_of, make_system
+from systems.registry import REGISTRY, SYSTEMS, entry_of, make_system
 
-BENCH_SYSTEMS = ("gpu_only", "fiddler", "mixtral_offload", "tide", "tide_adaptive", "dali", "oracle")
+BENCH_SYSTEMS = tuple(name for name, entry in REGISTRY.items() if not entry.multi_gpu)  # one-GPU systems
 ARGS = {"model": "mini", "trace": None, "steps": "256", "budget": "10GB", "forward": "true", "tokens": "32",
         "systems": ",".join(BENCH_SYSTEMS), "repeats": "3", "format": "table"}
 FORMATS = ("table", "json")

@@ -57,34 +57,29 @@ from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
 from systems.dali_assign import assign_layer, finish_time
+from systems.entry import SystemEntry
 
 
 @dataclass
 class DaliConfig:
     name: str = "dali"
-    assign: bool = True
-    prefetch: bool = True
-    replacement: bool = True
-    prefetch_k: int = 4
-    decay: float = 0.5
-    overlap: bool = True  # DALI runs the CPU and GPU sides concurrently
+    assign: bool = True  # the greedy GPU/CPU assignment (false: resident on the GPU, the rest on the CPU, no copies)
+    prefetch: bool = True  # copy the next layer's predicted-heaviest missing experts ahead, in the link's idle time
+    replacement: bool = True  # evict the lowest decayed workload score (false: LRU)
+    prefetch_k: int = 4  # prefetched experts per layer
+    decay: float = 0.5  # score <- decay * score + tokens, per forward
+    overlap: bool = True  # DALI runs the CPU and GPU sides concurrently; false charges them one after the other
 
 
 class Dali(System):
     name = "dali"
+    config_class = DaliConfig
     overlap = True
 
-    def __init__(
-        self,
-        assign: bool = True,
-        prefetch: bool = True,
-        replacement: bool = True,
-        prefetch_k: int = 4,
-        decay: float = 0.5,
-    ) -> None:
-        super().__init__(
-            assign=assign, prefetch=prefetch, replacement=replacement, prefetch_k=prefetch_k, decay=decay
-        )
+    def __init__(self, config: DaliConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        c = self.config
+        assign, prefetch, replacement, prefetch_k, decay = c.assign, c.prefetch, c.replacement, c.prefetch_k, c.decay
         for key, value in (("assign", assign), ("prefetch", prefetch), ("replacement", replacement)):
             if not isinstance(value, bool):
                 raise HarnessError(f"system.{key} must be true or false (got {value!r})")
@@ -332,3 +327,12 @@ def admit_layer(on_gpu: np.ndarray, held: np.ndarray, score: np.ndarray, key: np
     for e in range(held.shape[0]):
         held[e] = (held[e] and not evict_mask[e]) or (fetch_mask[e] and not scratch_mask[e])
     return n_cached, len(fetch) - n_cached
+
+
+ENTRY = SystemEntry(
+    Dali,
+    DaliConfig,
+    # each of its three parts switched off, and other prefetch and decay settings
+    invariant_options=({}, {"assign": False}, {"prefetch": False}, {"replacement": False},
+                       {"prefetch_k": 2, "decay": 0.0}),
+)

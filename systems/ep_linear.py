@@ -10,12 +10,14 @@ gpu_only output. The engine charges each layer as its slowest GPU's time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
+from systems.entry import SystemEntry
 
 
 @dataclass
@@ -36,12 +38,13 @@ def expert_parallel_plan(load: np.ndarray, device: torch.Tensor) -> LayerPlan:
 
 class EpLinear(System):
     name = "ep_linear"
+    config_class = EpLinearConfig
     overlap = False
     ignores_budget = True  # every expert resident (on some GPU): the budget B does not apply
     multi_gpu = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, config: EpLinearConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
         self.mapping: torch.Tensor | None = None  # [E]
 
     def prepare(self, ctx: PrepareContext) -> None:
@@ -60,3 +63,6 @@ class EpLinear(System):
     def report(self) -> dict[str, object]:
         speeds = self.ctx.topology.speeds
         return {"gpu_speeds": list(speeds), "slowest_gpu_speed": min(speeds)}
+
+
+ENTRY = SystemEntry(EpLinear, EpLinearConfig)

@@ -18,6 +18,7 @@ per-expert sums.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,22 +28,24 @@ from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
 from harness.placement.system import PrepareContext, System
+from systems.entry import SystemEntry
 from systems.tide_tau import top_b_mask
 
 
 @dataclass
 class FiddlerConfig:
     name: str = "fiddler"
-    overlap: bool = False  # the original runs CPU and GPU experts one after the other
+    overlap: bool = False  # the original runs CPU and GPU experts one after the other; true charges max(GPU, CPU)
 
 
 class Fiddler(System):
     name = "fiddler"
+    config_class = FiddlerConfig
     overlap = False
     needs_calibration = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, config: FiddlerConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
         self.popularity: torch.Tensor | None = None
         self._rule = np.zeros(0, bool)  # cheaper_on_cpu per load
 
@@ -112,3 +115,6 @@ class FiddlerBatchPlanner:
 
     def residency(self) -> np.ndarray:
         return self.resident
+
+
+ENTRY = SystemEntry(Fiddler, FiddlerConfig, FiddlerBatchPlanner)

@@ -34,17 +34,18 @@ from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
 from harness.placement.trace import RoutingTrace
+from systems.entry import SystemEntry
 from systems.ep_linear import expert_parallel_plan, linear_mapping
 
 
 @dataclass
 class GemConfig:
     name: str = "gem"
-    calibration_steps: int = 16
-    tile: int = 16
-    starts: int = 4
-    noise: float = 0.2
-    seed: int = 0
+    calibration_steps: int = 16  # denoise forwards of the calibration trace in the window (evenly spaced)
+    tile: int = 16  # token-count tile at whose boundaries the per-GPU latency curves are sampled
+    starts: int = 4  # noisy greedy starting maps (plus ep_linear's), each improved by pairwise swaps
+    noise: float = 0.2  # relative noise on expert weights in the noisy starts
+    seed: int = 0  # of the noisy starts
 
 
 def calibration_window(trace: RoutingTrace | None, n_steps: int) -> torch.Tensor:
@@ -138,15 +139,16 @@ def improve_by_swaps(costs: torch.Tensor, mapping: torch.Tensor) -> torch.Tensor
 
 class Gem(System):
     name = "gem"
+    config_class = GemConfig
     overlap = False
     ignores_budget = True  # every expert resident (on some GPU): the budget B does not apply
     multi_gpu = True
     needs_calibration = True
 
-    def __init__(
-        self, calibration_steps: int = 16, tile: int = 16, starts: int = 4, noise: float = 0.2, seed: int = 0
-    ) -> None:
-        super().__init__(calibration_steps=calibration_steps, tile=tile, starts=starts, noise=noise, seed=seed)
+    def __init__(self, config: GemConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        c = self.config
+        calibration_steps, tile, starts, noise, seed = c.calibration_steps, c.tile, c.starts, c.noise, c.seed
         for key, value in (("calibration_steps", calibration_steps), ("tile", tile), ("starts", starts)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise HarnessError(f"system.{key} must be a positive integer (got {value!r})")
@@ -214,3 +216,6 @@ class Gem(System):
             "calibration_gain": 1 - gem / linear if linear > 0 else 0.0,
             "layer_scores_s": list(self.scores),
         }
+
+
+ENTRY = SystemEntry(Gem, GemConfig)

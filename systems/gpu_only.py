@@ -5,12 +5,14 @@ the whole model would fit the budget."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
+from systems.entry import SystemEntry
 
 
 @dataclass
@@ -20,11 +22,12 @@ class GpuOnlyConfig:
 
 class GpuOnly(System):
     name = "gpu_only"
+    config_class = GpuOnlyConfig
     overlap = False
     ignores_budget = True  # the engine sizes its residency to E, not B
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, config: GpuOnlyConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
         self._nothing = np.zeros(0, bool)  # plan.cpu: no expert runs on the CPU
 
     def prepare(self, ctx: PrepareContext) -> None:
@@ -49,3 +52,6 @@ class GpuOnly(System):
     def report(self) -> dict[str, object]:
         # B >= E means the budget holds every expert of every layer (B is capped at E).
         return {"fits_budget": getattr(self, "_fits", None), "model_gb": getattr(self, "_model_gb", None)}
+
+
+ENTRY = SystemEntry(GpuOnly, GpuOnlyConfig)

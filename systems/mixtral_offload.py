@@ -26,6 +26,7 @@ and layer l+1 waits only for the prefetched experts it uses that have not landed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,22 +35,26 @@ from numba import njit
 from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
+from systems.entry import SystemEntry
 
 
 @dataclass
 class MixtralOffloadConfig:
     name: str = "mixtral_offload"
-    prefetch: bool = False
-    prefetch_k: int = 8
+    prefetch: bool = False  # speculatively prefetch layer l+1's top guesses (its gate on layer l's hidden state)
+    prefetch_k: int = 8  # guesses prefetched per layer
     max_loads_in_flight: int = 3  # the original's buffer_size=4 - 1; 0: copy every miss before computing
 
 
 class MixtralOffload(System):
     name = "mixtral_offload"
+    config_class = MixtralOffloadConfig
     overlap = False
 
-    def __init__(self, prefetch: bool = False, prefetch_k: int = 8, max_loads_in_flight: int = 3) -> None:
-        super().__init__(prefetch=prefetch, prefetch_k=prefetch_k, max_loads_in_flight=max_loads_in_flight)
+    def __init__(self, config: MixtralOffloadConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        prefetch, prefetch_k = self.config.prefetch, self.config.prefetch_k
+        max_loads_in_flight = self.config.max_loads_in_flight
         if not isinstance(prefetch, bool):
             raise HarnessError(f"system.prefetch must be true or false (got {prefetch!r})")
         if not isinstance(prefetch_k, int) or isinstance(prefetch_k, bool) or prefetch_k < 1:
@@ -174,3 +179,11 @@ def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int,
             stamp[e] = clock
             clock += 1
     return clock
+
+
+ENTRY = SystemEntry(
+    MixtralOffload,
+    MixtralOffloadConfig,
+    invariant_options=({}, {"prefetch": True, "prefetch_k": 3}),
+    golden_variants={"+prefetch": ("system.prefetch=true",)},
+)

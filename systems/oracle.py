@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from harness.accounting.counting_sort import heaviest_first
 from harness.accounting.ordered_sums import torch_sum
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
+from systems.entry import SystemEntry
 
 
 @dataclass
@@ -273,10 +275,11 @@ def _min_phi_cells(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.nda
 
 class Oracle(System):
     name = "oracle"
+    config_class = OracleConfig
     overlap = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, config: OracleConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
         self.inexact_layers = 0
         self.planned_layers = 0
 
@@ -325,3 +328,6 @@ def held_moves(loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray, capacit
         scratch[e] = gpu[e] and not held[e]
         fetch_sync[e] = (held[e] and not resident[e]) or scratch[e]
         evict[e] = resident[e] and not held[e]
+
+
+ENTRY = SystemEntry(Oracle, OracleConfig)

@@ -34,6 +34,7 @@ from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
 from harness.placement.system import PrepareContext, System
+from systems.entry import SystemEntry
 from systems.tide_tau import TauSolution, solve_tau
 
 MIGRATIONS = ("sync", "async")
@@ -42,8 +43,8 @@ MIGRATIONS = ("sync", "async")
 @dataclass
 class TideConfig:
     name: str = "tide"
-    tau: str = "auto"
-    migration: str = "sync"
+    tau: str = "auto"  # auto (tau* from the calibration trace), random (uniform in 1..T per block, seeded) or an int
+    migration: str = "sync"  # sync: moves land before the layer computes; async: overlapped with it
     steps_per_block: int | None = None  # T for the tau* search; None: from the trace
     seed: int = 0  # for tau: random
     overlap: bool = True  # the paper's asynchronous CPU misses; false: the reference code's sequential loop
@@ -148,13 +149,13 @@ def top_b_row(loads: np.ndarray, capacity: int) -> np.ndarray:
 
 class Tide(System):
     name = "tide"
+    config_class = TideConfig
     overlap = True
 
-    def __init__(
-        self, tau: str | int = "auto", migration: str = "sync", steps_per_block: int | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(tau=tau, migration=migration, steps_per_block=steps_per_block, seed=seed)
+    def __init__(self, config: TideConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        tau, migration = self.config.tau, self.config.migration
+        steps_per_block, seed = self.config.steps_per_block, self.config.seed
         parsed = parse_tau(tau)
         self.random_tau = parsed == "random"
         self.fixed_tau = parsed if isinstance(parsed, int) else None
@@ -322,3 +323,12 @@ class TideBatchPlanner:
 
     def residency(self) -> np.ndarray:
         return unpack(self.resident, self.n_experts)
+
+
+ENTRY = SystemEntry(
+    Tide,
+    TideConfig,
+    TideBatchPlanner,
+    invariant_options=({"tau": 2}, {"tau": 3, "migration": "async"}, {"tau": "auto"}),
+    golden_variants={"+async": ("system.migration=async", "system.tau=2"), "+random": ("system.tau=random",)},
+)

@@ -48,13 +48,14 @@ from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
 from harness.placement.system import PrepareContext, System
+from systems.entry import SystemEntry
 from systems.tide import MIGRATIONS, refresh_plan, top_b
 
 
 @dataclass
 class TideAdaptiveConfig:
     name: str = "tide_adaptive"
-    migration: str = "sync"
+    migration: str = "sync"  # sync | async, as tide
     overlap: bool = True  # as tide
 
 
@@ -125,10 +126,12 @@ def _side_sizes(loads: np.ndarray, resident: np.ndarray, top: np.ndarray) -> np.
 
 class TideAdaptive(System):
     name = "tide_adaptive"
+    config_class = TideAdaptiveConfig
     overlap = True
 
-    def __init__(self, migration: str = "sync") -> None:
-        super().__init__(migration=migration)
+    def __init__(self, config: TideAdaptiveConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        migration = self.config.migration
         if migration not in MIGRATIONS:
             raise HarnessError(f"system.migration must be one of {', '.join(MIGRATIONS)} (got {migration!r})")
         self.migration = migration
@@ -247,3 +250,6 @@ class TideAdaptive(System):
             "refreshes": self.refreshes,
             "migrated_experts": self.migrated,
         }
+
+
+ENTRY = SystemEntry(TideAdaptive, TideAdaptiveConfig, invariant_options=({}, {"migration": "async"}))

@@ -35,7 +35,7 @@ from harness.placement.trace import RoutingTrace
 from systems.ep_linear import linear_mapping
 from systems.gem import improve_by_swaps
 from systems.registry import make_system
-from tests.test_systems import random_steps
+from tests.system_drive import random_steps
 
 register_configs()
 

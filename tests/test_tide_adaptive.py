@@ -10,8 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from harness.accounting.cost import CostModel, HardwareConfig
 from harness.cli.overrides import compose_checked
@@ -25,7 +23,7 @@ from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide_adaptive import forward_regrets, layer_regret
-from tests.test_systems import drive, geometry, random_trace
+from tests.system_drive import geometry
 
 register_configs()
 
@@ -139,26 +137,6 @@ def test_tide_adaptive_rejects_invalid_options(options: dict, key: str) -> None:
 
 
 # ---- through the engine ---------------------------------------------------------------
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    seed=st.integers(0, 2**31),
-    n_layers=st.integers(1, 3),
-    n_experts=st.sampled_from([8, 16]),
-    capacity=st.integers(0, 8),
-    heavy=st.booleans(),
-)
-def test_tide_adaptive_keeps_the_rules_and_the_oracle_bounds_it(
-    seed: int, n_layers: int, n_experts: int, capacity: int, heavy: bool
-) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    geo = geometry(n_layers, n_experts)
-    work = random_trace(gen, n_layers, n_experts, heavy)
-    oracle = drive("oracle", {}, geo, capacity, work, work)["modeled_time_s"]
-    for options in ({}, {"migration": "async"}):
-        summary = drive("tide_adaptive", options, geo, capacity, work, work)
-        assert oracle <= summary["modeled_time_s"] * (1 + 1e-9), options
-
-
 # ---- a live run on the tiny proxy ----------------------------------------------------
 def test_tide_adaptive_run_on_the_tiny_proxy_is_lossless(proxy_cache: Path, tmp_path: Path, tiny_dir: Path) -> None:
     cfg = compose_checked(

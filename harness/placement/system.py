@@ -14,12 +14,13 @@ interface sits below the code that implements it (docs/architecture.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
@@ -78,7 +79,7 @@ class PrepareContext:
 
 
 class System:
-    """Base class. Subclasses set `name`, `overlap`, and implement `plan`."""
+    """Base class. Subclasses set `name`, `config_class` and `overlap`, and implement `plan`."""
 
     name: str = "base"
     overlap: bool = False  # CPU experts run concurrently with GPU experts
@@ -88,8 +89,22 @@ class System:
     ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B
     multi_gpu: bool = False  # expert parallelism: runs only with topology=multi, sets plan.device
 
-    def __init__(self, **options: object) -> None:
-        self.options = options
+    config_class: type | None = None  # the config dataclass: the one place the system's option defaults live
+
+    def __init__(self, config: Any = None, **options: Any) -> None:
+        """From a config object of `config_class` (a run's typed config), or from options
+        over its defaults (tests, tools): `Tide(tau=3)` is `Tide(TideConfig(tau=3))`. A
+        config's `overlap` (a charging option: whether CPU experts run beside the GPU path)
+        sets the system's."""
+        if self.config_class is not None:
+            base = config if config is not None else self.config_class()
+            config = replace(base, **options) if options else base
+        self.config = config
+        overlap = getattr(config, "overlap", None)
+        if overlap is not None:
+            if not isinstance(overlap, bool):
+                raise HarnessError(f"system.overlap must be true or false (got {overlap!r})")
+            self.overlap = overlap
 
     def prepare(self, ctx: PrepareContext) -> None:
         self.ctx = ctx

@@ -13,14 +13,14 @@ from typing import Any
 import pandas as pd
 
 from harness.results.run_result import RunResult
-from systems.registry import SYSTEM_CONFIGS
+from systems.registry import REGISTRY, SYSTEM_CONFIGS
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 
 OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
 
-SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide-sequential", "tide_adaptive", "oracle",
-                "ep_linear", "gem"]
+# the registry's order, each system followed by its name when charged against its default overlap
+SYSTEM_ORDER = [label for entry in REGISTRY.values() for label in entry.report_labels]
 
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
                   "lossless", "token_match_rate", "experts_per_layer"]

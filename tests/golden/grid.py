@@ -22,26 +22,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from systems.registry import REGISTRY
+
 GOLDEN = Path(__file__).with_name("results.json")
 MINI_TRACES = Path(__file__).with_name("mini")  # trace.npz + calibration.npz
 
 # wall-clock figures never repeat; everything else in `metrics` must
 NOT_REPEATABLE = {"wall_s", "load_s", "wall_tokens_per_s", "replay_s", "layer_steps_per_s"}
 
-VARIANTS: dict[str, list[str]] = {
-    "gpu_only": ["system=gpu_only"],
-    "fiddler": ["system=fiddler"],
-    "mixtral_offload": ["system=mixtral_offload"],
-    "mixtral_offload+prefetch": ["system=mixtral_offload", "system.prefetch=true"],
-    "tide": ["system=tide"],
-    "tide+async": ["system=tide", "system.migration=async", "system.tau=2"],
-    "tide+random": ["system=tide", "system.tau=random"],
-    "tide_adaptive": ["system=tide_adaptive"],
-    "oracle": ["system=oracle"],
-    "dali": ["system=dali"],
-    "ep_linear": ["system=ep_linear", "topology=multi"],
-    "gem": ["system=gem", "topology=multi"],
-}
+def registry_variants() -> dict[str, list[str]]:
+    """Every registered system (expert-parallel ones with topology=multi) and the extra
+    variants its entry names (`tide+async`): a new system joins the grid by registering."""
+    variants = {}
+    for name, entry in REGISTRY.items():
+        base = [f"system={name}", *(["topology=multi"] if entry.multi_gpu else [])]
+        variants[name] = base
+        for suffix, overrides in entry.golden_variants.items():
+            variants[f"{name}{suffix}"] = [*base, *overrides]
+    return variants
+
+
+VARIANTS: dict[str, list[str]] = registry_variants()
 TINY_BUDGETS = {"B24": ["budget=custom", "budget.experts_per_layer=24"],
                 "B64": ["budget=custom", "budget.experts_per_layer=64"]}
 MINI_BUDGETS = {"10GB": ["budget=10GB"], "18GB": ["budget=18GB"]}
