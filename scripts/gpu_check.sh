@@ -4,7 +4,7 @@
 #
 #   OUT=/some/dir bash scripts/gpu_check.sh
 #
-# 1. the CUDA-only tests (tests/test_hybrid.py -m cuda);
+# 1. the CUDA-only tests (tests/integration/test_hybrid.py -m cuda);
 # 2. hardware=local on this machine: CPU expert table, GPU expert latency at several token
 #    counts with the fitted roofline, pinned host->device bandwidth (written to $OUT);
 # 3. the mini proxy at one budget with gpu_only, fiddler, mixtral_offload and tide,
@@ -44,7 +44,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 
 if [ "${CUDA_TESTS:-1}" != 0 ]; then
   echo "== 1. CUDA tests"
-  timeout 150 python -m pytest tests/test_hybrid.py -q -m cuda -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
+  timeout 150 python -m pytest tests/integration/test_hybrid.py -q -m cuda -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
   echo "pytest exit $?"; tail -3 "$OUT/pytest_cuda.txt"
 fi
 

@@ -16,7 +16,7 @@ assign (greedy 0-1 assignment). Per step and layer, every routed expert goes to 
     min(gpu side cost, cpu cost) of that expert and the optimum is at least half the sum
     of those minima, so Phi <= 2 * Phi_opt (the refinement only lowers Phi). Measured
     against brute force: worst 1.49 over 100,000 random cases of up to 9 routed experts;
-    on the test's 1,500 fixed cases mean 1.002, optimal in ~96% (tests/test_dali.py).
+    on the test's 1,500 fixed cases mean 1.002, optimal in ~96% (tests/unit/test_dali.py).
     Off: every resident routed expert on the GPU, every other one on the CPU (no sync
     copies: the cache changes only through prefetch).
 prefetch (residual-based). The engine hands plan(l) the hint for layer l+1 (its gate

@@ -60,7 +60,7 @@ def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
 def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
     """`on_gpu` after the moves and swaps (a copy). Token order misjudges experts whose
     copy makes them costly on the GPU; heaviest-first alone can be off by a factor close
-    to 2 (tests/test_dali.py)."""
+    to 2 (tests/unit/test_dali.py)."""
     refined = on_gpu.copy()
     _refine(refined, routed.astype(np.int64), gpu, cpu)
     return refined

@@ -243,7 +243,7 @@ def _min_phi_cells(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.nda
     or the first after, and the first row holding that minimum is where the CPU side
     first drops to it. Both rows are found by bisection on those monotone comparisons,
     made with the float operations of the dense phi, so the choice is the dense argmin's
-    (tests/test_systems.py). Up to `dense_cells` cells, or if the times are not
+    (tests/unit/test_systems.py). Up to `dense_cells` cells, or if the times are not
     monotone, every cell is evaluated."""
     n_rows, n_cols = heavy_gpu.shape[0], flat_gpu.shape[0]
     monotone = True

@@ -26,7 +26,7 @@ per layer. The combine must be applied per layer-step, not to the aggregated Lat
 Lat_CPU: a sync refresh copies on the steps where the refreshed layer misses nothing, and
 misses accumulate on the steps in between, so the copies and the CPU work of TIDE never
 share a step, and max(Lat_IO, Lat_CPU) would count the copies as hidden when they never
-are (measured: tau* 22% off the best replayed tau on a drifting trace, tests/test_tau_solver.py).
+are (measured: tau* 22% off the best replayed tau on a drifting trace, tests/unit/test_tau_solver.py).
 
 Both terms are seconds per block per MoE layer. The first design wrote B where we use P in
 Lat_CPU: f is a fraction of routed pairs, so the missed pairs per step are f * P; with B

@@ -1,4 +1,4 @@
-"""Hand-made broken files and tool arguments for tests/test_bad_inputs.py (and the fuzz tests)."""
+"""Hand-made broken files and tool arguments for tests/integration/test_bad_inputs.py (and the fuzz tests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Recording what the hybrid executor does on the CPU stand-in, for tests/test_hybrid.py:
+"""Recording what the hybrid executor does on the CPU stand-in, for tests/integration/test_hybrid.py:
 the plan of every MoE layer call, which weights every expert call read (identified by
 content), the pools after the call, and the stand-in's log of copies, waits and compute;
 and the checker of that log's order."""

@@ -2,7 +2,7 @@
 compiled.
 
 One scalar loop per forward over its recorded layers, each float computed op for op as
-the rules state it (tests/test_ledger.py holds it to a layer-by-layer reference written
+the rules state it (tests/unit/test_ledger.py holds it to a layer-by-layer reference written
 in plain Python). numba compiles the loop: charging a chunk of forwards costs well under
 a microsecond per layer, where the same recurrence written as numpy operations over the
 forwards cost about ten calls of ~1 us per layer.

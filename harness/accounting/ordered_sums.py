@@ -5,7 +5,7 @@ A layer's GPU (CPU) seconds are the torch sum of its experts' times in ascending
 (`float(cost.gpu_expert_times(loads).sum())`); `row_sums` gives that sum for many layers at
 once: runs of one length are summed as the rows of a 2-D tensor, which torch reduces row
 by row with the kernel it uses for a 1-D tensor. A counter adds layer after layer
-(`running_sum`). tests/test_ledger.py holds both to the element-by-element definition.
+(`running_sum`). tests/unit/test_ledger.py holds both to the element-by-element definition.
 """
 
 from __future__ import annotations

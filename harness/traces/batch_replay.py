@@ -3,7 +3,7 @@ planner beside its `plan`, in its own file in systems/, named by its registry en
 replayed chunk by chunk, and the engine's ledger charges each chunk; every other system
 is replayed by the engine, layer by layer. Either way the engine ends as the replay leaves it (ledger, residency),
 so `engine.summary()` and the system's `report()` read the same, to the bit
-(tests/test_batch_replay.py holds each planner to its `plan`)."""
+(tests/integration/test_batch_replay.py holds each planner to its `plan`)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ unreliable, and concurrent writers already lose runs on one machine). With the S
 launcher and a SQLite URI, the launching process therefore warns, the jobs keep their
 result.json without touching the store, and the launching process logs them all, as one
 writer, at the end of the sweep (`python -m harness.tracking push` does the same later if
-it was killed). An `mlflow server` URI (README "Sweeps on a SLURM cluster") is logged to
+it was killed). An `mlflow server` URI (docs/clusters.md) is logged to
 from the jobs directly.
 """
 
@@ -61,8 +61,7 @@ def sqlite_on_slurm_warning(tracking_uri: str) -> str:
     return (f"warning: tracking.uri is a SQLite file ({normalize_uri(tracking_uri)}) and the launcher is SLURM: "
             "jobs will not write to it from the compute nodes; this process logs their results when the sweep "
             "ends (or run `python -m harness.tracking push <sweep dir>`). For live logging from the jobs, run an "
-            "mlflow server on a database and pass tracking.uri=http://<host>:<port> (README, \"Sweeps on a SLURM "
-            "cluster\")")
+            "mlflow server on a database and pass tracking.uri=http://<host>:<port> (docs/clusters.md)")
 
 
 def prepare_sweep(config: Any, tracking_enabled: bool, tracking_uri: str) -> None:

@@ -113,7 +113,7 @@ def parent_description(command: str, summary_md: str | None = None, note: str | 
         return _cap(head + "\nThe summary table appears here when the sweep ends.\n")
     head += "\n**Summary** (modeled throughput unless `timing` says measured; children hold each job's run)\n\n"
     tail = ("\nArtifacts: `sweep_summary.md`, `sweep_summary.csv`, `plots/throughput.png`. "
-            "Compare the children in the Chart view (README, *Comparing runs in the MLflow UI*).\n")
+            "Compare the children in the Chart view (docs/tracking.md, *Comparing runs in the MLflow UI*).\n")
     lines = summary_md.rstrip("\n").split("\n")
     for keep in range(len(lines), 1, -1):
         cut = "" if keep == len(lines) else f"\n({len(lines) - keep} more rows in sweep_summary.md)\n"

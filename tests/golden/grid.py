@@ -6,7 +6,7 @@
   needs neither the mini proxy (building its balanced expert bias takes minutes) nor a
   recording; the tiny cells cover recording.
 
-`python -m tests.golden.grid` rewrites tests/golden/results.json; tests/test_golden.py
+`python -m tests.golden.grid` rewrites tests/golden/results.json; tests/golden/test_golden.py
 runs the same grid and requires every figure to be equal. A deliberate change of figures
 updates the file in its own commit that says why. `python -m tests.golden.grid --retrace`
 first records the mini traces again (after a change to the model, the proxy or decoding).

@@ -28,8 +28,9 @@ from harness.job import mlflow_log as tracking
 from harness.job.config import register_configs
 from harness.job.mlflow_log import TrackingConfig
 from harness.tracking.mlflow_store import TrackingUnavailable, open_store
+from tests.conftest import REPO
 from tests.harness_cli import TINY, empty_store, harness_env, run_module, runs_of, sqlite_uri
-from tests.test_tracking import hand_made_result, typed
+from tests.integration.test_tracking import hand_made_result, typed
 
 register_configs()
 
@@ -205,7 +206,7 @@ def test_telemetry_is_off_by_default(tmp_path: Path) -> None:
     code = ("import os; from harness.tracking.mlflow_store import open_store; "
             f"open_store('sqlite:///{tmp_path}/m.db').search_experiments(); "
             "print(os.environ['MLFLOW_DISABLE_TELEMETRY'])")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, env=env,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "true"

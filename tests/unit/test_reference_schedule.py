@@ -10,7 +10,7 @@ import torch
 
 from harness.decode.decoding import DecodeSettings, decode, steps_per_block
 from harness.model.llada2 import KVCache
-from tests.test_decoding import EOS, MASK, ScriptedModel, settings
+from tests.unit.test_decoding import EOS, MASK, ScriptedModel, settings
 
 
 def reference_generate(model, prompt: list[int], gen_length: int, block_length: int, steps: int,

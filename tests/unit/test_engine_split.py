@@ -15,7 +15,7 @@ from harness.placement.steps import StepInfo
 from harness.placement.system import System
 from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
-from tests.test_engine import COST, GEOMETRY, LOAD, SYSTEM_OPTIONS, E, engine_for, mask
+from tests.unit.test_engine import COST, GEOMETRY, LOAD, SYSTEM_OPTIONS, E, engine_for, mask
 
 L = GEOMETRY.n_moe_layers  # 2
 LOAD1 = torch.tensor([0, 4, 0, 0, 0, 2, 1, 0])  # layer 1: experts 1, 5 and 6 routed

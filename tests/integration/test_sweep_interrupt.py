@@ -19,7 +19,7 @@ from harness.results.run_result import RunResult
 from harness.tracking import sweep_run
 from harness.tracking.sweep_run import ENDED_TAG, RESUMES_TAG
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, runs_of, sqlite_uri
-from tests.test_tracking import hand_made_result, write_run
+from tests.integration.test_tracking import hand_made_result, write_run
 
 
 @pytest.fixture

@@ -193,7 +193,7 @@ def layer_of(module: str) -> int:
             if (module == package or module.startswith(package + ".")) and len(package) > len(best):
                 best, index = package, i
     if index is None:
-        raise AssertionError(f"{module} is in no layer; add its package to LAYERS in tests/test_imports.py")
+        raise AssertionError(f"{module} is in no layer; add its package to LAYERS in tests/unit/test_imports.py")
     return index
 
 
@@ -227,4 +227,4 @@ def test_layer_check_flags_an_upward_import_and_a_sibling_import():
 
 def test_every_package_imports_only_the_layers_below_it():
     bad = layer_violations(import_graph(project_modules()))
-    assert not bad, f"{len(bad)} imports against the layers (tests/test_imports.py LAYERS):\n" + "\n".join(bad)
+    assert not bad, f"{len(bad)} imports against the layers (tests/unit/test_imports.py LAYERS):\n" + "\n".join(bad)

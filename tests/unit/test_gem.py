@@ -5,7 +5,6 @@ property tests through the engine, and lossless runs on the tiny proxy."""
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +25,6 @@ from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.engine.engine import OffloadEngine, PlanError
 from harness.job.config import register_configs
-from harness.job.live import run_job
 from harness.model.config import LLaDA2Config
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
@@ -286,18 +284,3 @@ def test_expert_parallel_systems_compute_every_routed_expert_once_on_a_gpu(
         assert (s["missed_pairs"], s["io_bytes"], s["cpu_expert_tokens"], s["time_cpu_experts_s"]) == (0, 0, 0, 0)
         assert s["time_gpu_experts_s"] == pytest.approx(expected)
         assert s["time_gpu_experts_s"] + s["time_non_expert_s"] == pytest.approx(s["modeled_time_s"])
-
-
-# ---- live runs on the tiny proxy ------------------------------------------------------
-@pytest.mark.parametrize("system", ["ep_linear", "gem"])
-def test_expert_parallel_runs_on_the_tiny_proxy_are_lossless(
-    system: str, proxy_cache: Path, tmp_path: Path, tiny_dir: Path
-) -> None:
-    cfg = compose_checked(
-        ["model=tiny", f"system={system}", "topology=multi", "topology.variability=high", "decode.gen_length=8",
-         "limit_prompts=2", f"cache_dir={proxy_cache}", "tracking.enabled=false",
-         "calibration.prompts=[Sort a list of numbers.]"]  # one prompt: gem's window needs only 16 steps
-    )
-    result = run_job(cfg, tmp_path)
-    assert result["metrics"]["lossless"] == 1 and result["metrics"]["n_gpus"] == 4
-    assert result["metrics"]["io_gb"] == 0 and result["metrics"]["cpu_expert_tokens"] == 0

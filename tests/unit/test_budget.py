@@ -14,8 +14,9 @@ from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from harness.model.config import LLaDA2Config
+from tests.conftest import REPO
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "budget"
+CONF = REPO / "conf" / "budget"
 MINI = LLaDA2Config.published("llada2_mini")
 FLASH = LLaDA2Config.published("llada2_flash")
 register_configs()

@@ -25,9 +25,10 @@ from systems.fiddler import Fiddler
 from systems.oracle import best_gpu_set
 from systems.registry import SYSTEM_CONFIGS, SYSTEMS, make_system, system_from_config
 from systems.tide import Tide
+from tests.conftest import REPO
 from tests.system_drive import engine, geometry, loads, step
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "system"
+CONF = REPO / "conf" / "system"
 
 
 # ---- tide ------------------------------------------------------------------------------

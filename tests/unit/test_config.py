@@ -3,8 +3,6 @@ one-line errors of the dataclasses' checks, and the top-level `block` key."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from omegaconf import OmegaConf
 
@@ -17,9 +15,10 @@ from harness.decode.decoding import DecodeSettings
 from harness.job.config import HarnessConfig, ModelConfig, WorkloadConfig, register_configs
 from harness.job.mlflow_log import TrackingConfig
 from systems.registry import SYSTEM_CONFIGS
+from tests.conftest import REPO
 
 register_configs()
-SYSTEM_CONF = Path(__file__).resolve().parents[1] / "conf" / "system"
+SYSTEM_CONF = REPO / "conf" / "system"
 
 
 def test_the_composed_config_is_typed_all_the_way_down() -> None:

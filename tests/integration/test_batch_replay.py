@@ -140,7 +140,7 @@ def test_fast_replay_equals_engine_on_a_recorded_trace(variant, budget, recorded
 @pytest.mark.parametrize("variant", ["fiddler", "tide-auto", "tide-3-async"])
 def test_fast_replay_is_bit_identical_with_this_torch(variant, recorded_tiny):
     """Not only 1e-9: each layer's seconds are summed as torch sums them and each counter in
-    the engine's order, so live/replay parity (tests/test_replay.py) can compare with ==."""
+    the engine's order, so live/replay parity (tests/integration/test_replay.py) can compare with ==."""
     _, _, trace, calibration = recorded_tiny
     g = geometry("tiny")
     name, options = VARIANTS[variant]

@@ -1,5 +1,5 @@
 """The cost model: rooflines, the measured CPU table, copies, non-expert work, the layer
-combine rule (its forward timeline: tests/test_ledger.py), the hardware YAMLs, and local profiling."""
+combine rule (its forward timeline: tests/unit/test_ledger.py), the hardware YAMLs, and local profiling."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from harness.accounting.cost import (
 from harness.accounting.profiling import load_hardware
 from harness.common.errors import HarnessError
 from harness.model.config import LLaDA2Config
+from tests.conftest import REPO
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+CONF = REPO / "conf" / "hardware"
 MINI = LLaDA2Config.published("llada2_mini")
 TINY = LLaDA2Config(hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3)
 

@@ -1,7 +1,7 @@
 """scripts/cluster_check.sh under pytest: a one-node SLURM cluster, PostgreSQL and an mlflow
-server, brought up, used by real sweeps and stopped again (README, "Sweeps on a SLURM
+server, brought up, used by real sweeps and stopped again (docs/clusters.md, "Sweeps on a SLURM
 cluster"). It needs root, sbatch and PostgreSQL; without them it is skipped, with the
-reason. One launcher takes about 20 minutes on 2 shared cores (README has the measured
+reason. One launcher takes about 20 minutes on 2 shared cores (docs/clusters.md has the measured
 times), so it also waits to be asked: HARNESS_CLUSTER_CHECK=1. Otherwise a machine where
 the script once ran (it leaves the packages installed) would add 40 minutes to every full
 `python -m pytest`. .ci/run neither installs the packages nor asks for it."""
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
+
 CHECKS = {"slurm": ["packages", "services", "sweep", "sacct", "store", "sqlite", "interrupt", "resume", "teardown"],
           "submitit_local": ["packages", "services", "sweep", "store", "interrupt", "resume", "teardown"]}
 

@@ -5,7 +5,6 @@ run on the tiny proxy."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,10 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
-from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
-from harness.job.live import run_job
 from systems.dali_assign import finish_time, greedy_assignment, greedy_pass, refine, side_costs
 from systems.registry import make_system
 from tests.system_drive import engine, geometry, loads, step
@@ -264,14 +261,3 @@ VARIANTS = [
     {"replacement": False},
     {"prefetch_k": 2, "decay": 0.0},
 ]
-
-
-# ---- a live run on the tiny proxy ----------------------------------------------------
-def test_dali_run_on_the_tiny_proxy_is_lossless(proxy_cache: Path, tmp_path: Path, tiny_dir: Path) -> None:
-    cfg = compose_checked(
-        ["model=tiny", "system=dali", "decode.gen_length=8", "limit_prompts=2", f"cache_dir={proxy_cache}",
-         "tracking.enabled=false"]
-    )
-    result = run_job(cfg, tmp_path)
-    assert result["metrics"]["lossless"] == 1
-    assert result["system_report"]["dali_gpu_experts"] + result["system_report"]["dali_cpu_experts"] > 0

@@ -19,7 +19,7 @@ from harness.model.settings import nominal_geometry
 from harness.placement.trace import RoutingTrace
 from systems.registry import make_system
 from systems.tide_tau import solve_tau
-from tests.test_tau_solver import GEO, drifting_trace
+from tests.unit.test_tau_solver import GEO, drifting_trace
 
 register_configs()
 TOLERANCE = 1.02

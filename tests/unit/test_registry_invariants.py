@@ -21,7 +21,7 @@ from systems.entry import SystemEntry
 from systems.registry import ENTRIES, REGISTRY, build_registry
 from tests.system_drive import drive, geometry, random_trace
 
-SINGLE_GPU = [name for name, entry in REGISTRY.items() if not entry.multi_gpu]  # multi-GPU: tests/test_gem.py
+SINGLE_GPU = [name for name, entry in REGISTRY.items() if not entry.multi_gpu]  # multi-GPU: tests/unit/test_gem.py
 
 
 def check_entry(entry: SystemEntry, seed: int, n_layers: int, n_experts: int, capacity: int, heavy: bool) -> None:

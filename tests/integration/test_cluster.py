@@ -13,7 +13,7 @@ from harness.audit_store import check_sweep, compare, job_dirs, metric_differenc
 from harness.results.run_result import RunResult
 from harness.tracking import cluster
 from tests.harness_cli import empty_store, sqlite_uri
-from tests.test_sweeps import _compose_hydra
+from tests.integration.test_sweeps import _compose_hydra
 
 # --------------------------------------------------------------------------- launchers
 

@@ -13,6 +13,7 @@ import torch
 from harness.common.errors import HarnessError
 from harness.model.checkpoint import from_pretrained
 from harness.model.config import IMPLEMENTED_FEATURES, LLaDA2Config
+from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -57,14 +58,14 @@ def test_an_unimplemented_feature_is_a_one_line_error(ckpt, key, value):
 
 def test_the_published_configs_ask_for_nothing_unimplemented():
     for name in ("llada2_mini", "llada2_flash"):
-        raw = json.loads((Path(__file__).resolve().parents[1] / "harness" / "model" / "configs"
+        raw = json.loads((REPO / "harness" / "model" / "configs"
                           / f"{name}.json").read_text())
         assert all(raw.get(k, v) == v for k, v in IMPLEMENTED_FEATURES.items())
         LLaDA2Config.from_dict(raw)
 
 
 def test_a_missing_head_dim_takes_the_reference_default():
-    raw = json.loads((Path(__file__).resolve().parents[1] / "harness" / "model" / "configs"
+    raw = json.loads((REPO / "harness" / "model" / "configs"
                       / "llada2_mini.json").read_text())
     raw["head_dim"] = None
     assert LLaDA2Config.from_dict(raw).head_dim == raw["hidden_size"] // raw["num_attention_heads"]

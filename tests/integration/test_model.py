@@ -17,8 +17,9 @@ from harness.model.experts import compute_routed_experts
 from harness.model.llada2 import MoE, block_causal_mask
 from harness.model.proxy import proxy_config, proxy_is_complete
 from harness.training.proxy_cache import ensure_proxy
+from tests.conftest import REPO
 
-SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+SHARED_REFERENCE = REPO.parent / "shared" / "reference"
 
 
 @pytest.mark.parametrize(

@@ -5,18 +5,15 @@ on the tiny proxy."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from harness.accounting.cost import CostModel, HardwareConfig
-from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.engine.engine import OffloadEngine
 from harness.job.config import register_configs
-from harness.job.live import run_job
 from harness.model.config import LLaDA2Config
 from harness.placement.plan import move_count
 from harness.placement.steps import StepInfo
@@ -137,15 +134,6 @@ def test_tide_adaptive_rejects_invalid_options(options: dict, key: str) -> None:
 
 
 # ---- through the engine ---------------------------------------------------------------
-# ---- a live run on the tiny proxy ----------------------------------------------------
-def test_tide_adaptive_run_on_the_tiny_proxy_is_lossless(proxy_cache: Path, tmp_path: Path, tiny_dir: Path) -> None:
-    cfg = compose_checked(
-        ["model=tiny", "system=tide_adaptive", "decode.gen_length=8", "limit_prompts=2", f"cache_dir={proxy_cache}",
-         "tracking.enabled=false"]
-    )
-    result = run_job(cfg, tmp_path)
-    assert result["metrics"]["lossless"] == 1
-    assert result["system_report"]["refreshes"] > 0
 
 
 def test_a_forwards_regrets_priced_together_are_each_layers_own_to_the_bit() -> None:
