@@ -50,7 +50,7 @@ class GemConfig:
 
 def calibration_window(trace: RoutingTrace | None, n_steps: int) -> torch.Tensor:
     """Loads [S, L, E] of n_steps denoise forwards spread evenly over the trace."""
-    rows = [i for i, s in enumerate(trace.steps) if s.kind == "denoise"] if trace is not None else []
+    rows = [i for i, s in enumerate(trace.steps) if s.in_block] if trace is not None else []
     if not rows:
         raise HarnessError("system=gem needs a calibration trace with denoise steps (calibration.prompts)")
     picks = torch.linspace(0, len(rows) - 1, min(n_steps, len(rows))).round().long().unique()

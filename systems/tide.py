@@ -200,7 +200,7 @@ class Tide(System):
     def on_step(self, step: StepInfo) -> None:
         if self.tau < 1:
             raise RuntimeError("Tide.prepare() must run before the first step")
-        if self.random_tau and step.kind == "denoise" and step.step == 0:
+        if self.random_tau and step.in_block and step.step == 0:
             self.tau = self.rng.randint(1, self.max_tau)
             self.tau_per_block.append(self.tau)
         self.refreshing = self.should_refresh(step)

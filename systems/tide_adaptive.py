@@ -160,11 +160,11 @@ class TideAdaptive(System):
     # ---- per forward ---------------------------------------------------------------
     def on_step(self, step: StepInfo) -> None:
         self._close_step()
-        if step.kind == "denoise" and (step.prompt, step.block) != self.block:
+        if step.in_block and (step.prompt, step.block) != self.block:
             self._start_block(step)
         self.refreshing = self.should_refresh(step)
         self.refreshes += self.refreshing
-        if step.kind == "denoise":
+        if step.in_block:
             self.block_steps += 1
             self.block_refreshes += self.refreshing
             if self.refreshing:
@@ -172,7 +172,7 @@ class TideAdaptive(System):
         self.current = step
 
     def should_refresh(self, step: StepInfo) -> bool:
-        if step.kind != "denoise":
+        if not step.in_block:
             return step.kind == "prefill"
         if step.step == 0 or step.is_first_block:
             return True
@@ -196,7 +196,7 @@ class TideAdaptive(System):
         self._price_observed()
         step, t = self.current, self.tally
         self.tally = StepTally()
-        if step is None or step.kind != "denoise" or t.layers == 0:
+        if step is None or not step.in_block or t.layers == 0:
             return
         if self.refreshing:
             return
@@ -209,7 +209,7 @@ class TideAdaptive(System):
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
-        if self.current is not None and self.current.kind == "denoise":
+        if self.current is not None and self.current.in_block:
             self._observe(load, resident)
         if not self.refreshing:
             routed = load > 0

@@ -89,7 +89,7 @@ def denoise_blocks(trace: RoutingTrace) -> list[torch.Tensor]:
     loads = trace.loads
     groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for i, step in enumerate(trace.steps):
-        if step.kind == "denoise":
+        if step.in_block:
             groups.setdefault((step.prompt, step.block), []).append((step.step, i))
     return [loads[[i for _, i in sorted(rows)]] for rows in groups.values()]
 

@@ -55,7 +55,7 @@ def decode_prompts(
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt", mininterval=0.5, leave=False, dynamic_ncols=True)
 
     def hook(step: StepInfo, n_tokens: int, n_context: int) -> None:
-        if step.kind == "denoise" and step.step == 0:
+        if step.in_block and step.step == 0:
             bar.set_postfix_str(f"block {step.block}", refresh=False)
         if on_forward is not None:
             on_forward(step, n_tokens, n_context)

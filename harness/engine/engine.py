@@ -274,13 +274,17 @@ class OffloadEngine:
         experts: Sequence[ExpertWeights],
         hint_fn: HintFn | None,
     ) -> torch.Tensor:
-        load = expert_load(topk_idx, self.n_experts)
-        wants = self.system.wants_hint or self.record_hints
-        hint = hint_fn() if (hint_fn is not None and wants) else None
-        self.plan_layer(layer, load, hint)
+        self.route(layer, expert_load(topk_idx, self.n_experts), hint_fn)
         # One call over every routed expert: splitting GPU and CPU experts into two calls
         # would change the summation order and break bit-identity with gpu_only.
         return compute_routed_experts(x, topk_idx, topk_w, experts)
+
+    def route(self, layer: int, load: torch.Tensor, hint_fn: HintFn | None) -> None:
+        """A MoE layer's routing from a model whose own code computes the experts (the
+        transformers bridge, harness/families/bridge.py): plan, check and charge it. The
+        next layer's hint is computed only when the system or the trace wants it."""
+        wants = self.system.wants_hint or self.record_hints
+        self.plan_layer(layer, load, hint_fn() if (hint_fn is not None and wants) else None)
 
     # ---- apply and charge --------------------------------------------------------------
     def _move(self, layer: int, moves: Moves, elsewhere: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -15,7 +15,7 @@ On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
   loads           int32      [S, L, E]
   hints           float32    [S, L, E] (only if recorded)
   step_prompt, step_block, step_step, step_global, step_first_block, step_kind,
-  step_tokens, step_context  int32 [S]  (step_kind: 0 prefill, 1 denoise, 2 commit)
+  step_tokens, step_context  int32 [S]  (step_kind: 0 prefill, 1 denoise, 2 commit, 3 decode)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from harness.common.files import write_atomic
 from harness.placement.steps import StepInfo
 
 TRACE_SCHEMA = 1
-KINDS = ("prefill", "denoise", "commit")
+KINDS = ("prefill", "denoise", "commit", "decode")  # append only: indices are stored
 
 
 @dataclass

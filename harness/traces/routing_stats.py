@@ -117,7 +117,7 @@ def routing_statistics(trace: RoutingTrace, b: int, max_k: int = 8) -> dict[str,
     """The statistics of the module docstring, JSON-ready (None where undefined); a trace
     without denoising forwards (nothing was decoded) is an error."""
     loads = trace.loads
-    denoise = torch.tensor([s.kind == "denoise" for s in trace.steps], dtype=torch.bool)
+    denoise = torch.tensor([s.in_block for s in trace.steps], dtype=torch.bool)
     if not bool(denoise.any()):
         raise HarnessError("the trace has no denoising steps; record one with a live run (trace.record=true)")
     prompts = torch.tensor([s.prompt for s in trace.steps], dtype=torch.long)

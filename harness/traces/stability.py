@@ -17,7 +17,7 @@ def denoise_runs(trace: RoutingTrace) -> list[list[int]]:
     """Step indices of each (prompt, block), denoising steps only, in step order."""
     runs: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, s in enumerate(trace.steps):
-        if s.kind == "denoise":
+        if s.in_block:
             runs[(s.prompt, s.block)].append(i)
     return [sorted(idx, key=lambda i: trace.steps[i].step) for idx in runs.values()]
 

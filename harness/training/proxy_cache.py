@@ -53,8 +53,9 @@ TRAIN_SETTINGS: dict[str, TrainSettings] = {
 }
 # A recipe for a machine with CUDA (`python -m harness.train model=mini recipe=gpu`): 200
 # times the tokens of the CPU recipe (65M), what the masked objective needs to leave its
-# unigram plateau at this width (docs/results/2026-12-01-trained-proxies.md, "Where the masked objective stalls"). Big batches,
-# few steps: at this width a GPU step costs its kernel launches (~7500), not its tokens.
+# unigram plateau at this width (docs/results/2026-12-01-trained-proxies.md, "Where the
+# masked objective stalls"). Big batches, few steps: at this width a GPU step costs its
+# kernel launches (~7500), not its tokens.
 # Sized by estimate (~0.1 s a step), never run yet: no GPU has been lent to these sessions.
 # The rest (corpus, context blocks, learning rate) is the CPU recipe's: `corpus_for` reads it there.
 GPU_TRAIN_SETTINGS: dict[str, TrainSettings] = {
