@@ -23,7 +23,7 @@ from harness.cli.run import run_job
 from harness.errors import HarnessError
 from harness.results import write_json_atomic
 from harness.tracking.resume import resumed_result_path, skip_if_done
-from harness.tracking.tracking import log_if_missing, record_finished_run
+from harness.tracking.tracking import log_if_missing, record_finished_run, where_lines
 
 register_configs()
 
@@ -52,7 +52,10 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     for line in result.summary_lines(config.show_text):
         print(line)
-    record_finished_run(result, run_dir, config)  # resume index + MLflow, after result.json; never raises
+    run_id = record_finished_run(result, run_dir, config)  # resume index + MLflow, after result.json; never raises
+    if not in_sweep:  # a sweep prints one line per job and the link to its runs at the end
+        for line in where_lines(run_dir, config, run_id):
+            print(line)
 
 
 def entry() -> None:

@@ -33,13 +33,17 @@ from harness.tracking.result import DecodedOutputs, RunIdentity, RunResult
 
 def run_job(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     """Run one configuration and write `result.json` into `run_dir`: live by default,
-    over a recorded routing trace with `source=trace`. `cfg` was checked when it was built."""
-    if cfg.source == "trace":
-        return run_replay(cfg, run_dir)
-    return run_live(cfg, run_dir)
+    over a recorded routing trace with `source=trace`. `cfg` was checked when it was built.
+    The result records when the job started and finished (MLflow's Duration column)."""
+    started = time.time()
+    result = run_replay(cfg, run_dir) if cfg.source == "trace" else run_live(cfg, run_dir)
+    result.started_at, result.finished_at = started, time.time()
+    result.save_json(Path(run_dir) / "result.json")
+    return result
 
 
 def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
+    """Decode the workload under the engine; the result (not yet written: run_job writes it)."""
     run_dir = Path(run_dir)
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
     settings = cfg.decode
@@ -98,7 +102,6 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         steps=[asdict(r) for o in batch.outputs for r in o.records],
         first_text=loaded.tokenizer.decode(first.generated[: first.n_generated]),
     )
-    result.save_json(run_dir / "result.json")
-    return result
+    return result  # run_job writes result.json
 
 

@@ -88,6 +88,8 @@ def keyed_runs(records: list[Record]) -> Keyed:
     if df.empty:
         return Keyed(df, list(ROW_KEYS), settings)
     df["system_name"] = df["system_name"].fillna(df["system"]) if "system_name" in df else df["system"]
+    if "tau" in df:  # 4, "auto", None as they are: pandas would make 4.0 of a 4 beside a None
+        df["tau"] = pd.Series([r.get("tau") for r in records], index=df.index, dtype=object)
     df["system_label"] = df["system"]  # tide, tide-sequential: the label before any options
     df["system"] = column_labels(records)
     for name in settings:

@@ -32,6 +32,18 @@ STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
 OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from")  # written only when set
 
 
+# numbers in `metrics` that the config, the budget and the model fix before the run starts:
+# MLflow gets them as params (one value, searchable), not as single-point metric charts
+CONSTANT_METRICS = frozenset({
+    "experts_per_layer", "experts_per_layer_derived", "budget_gb", "n_gpus", "capacity", "prompts",
+    "steps_per_block", "c_io_s", "c_cu_s",
+})
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 class DuplicateMetricError(ValueError):
     """Two sections of a result report the same metric key."""
 
@@ -89,6 +101,8 @@ class RunResult:
     decoded: DecodedOutputs | None = None
     workload: dict[str, Any] | None = None  # the prompts decoded (MLflow's dataset input)
     routing: dict[str, Any] | None = None  # routing statistics of the recorded trace, with their uniform values
+    started_at: float | None = None  # unix time (s) the job started; older results: None
+    finished_at: float | None = None  # unix time (s) its result was complete
     schema: int = SCHEMA
 
     # ------------------------------------------------------------------ the flat metrics
@@ -127,6 +141,8 @@ class RunResult:
             out["workload"] = self.workload
         if self.routing is not None:
             out["routing"] = self.routing
+        if self.started_at is not None:
+            out.update(started_at=self.started_at, finished_at=self.finished_at)
         return out
 
     def save_json(self, path: str | Path) -> Path:
@@ -157,6 +173,7 @@ class RunResult:
                    versions=dict(data.get("versions") or {}), step_series=list(data.get("step_series") or []),
                    decoded=decoded, workload=data.get("workload") if isinstance(data.get("workload"), dict) else None,
                    routing=dict(routing) if routing is not None else None,
+                   started_at=_seconds(data.get("started_at")), finished_at=_seconds(data.get("finished_at")),
                    schema=int(data.get("schema", SCHEMA)))
 
     @classmethod
@@ -210,9 +227,14 @@ class RunResult:
     # ------------------------------------------------------------------ MLflow
 
     def to_mlflow(self, run_dir: Path, config_hash: str | None, git_commit: str) -> MlflowRecord:
-        """What tracking logs for this run: params, metrics, per-step series and tags."""
-        metrics = {k: float(v) for k, v in self.flat_metrics().items() if isinstance(v, int | float)}
-        return MlflowRecord(params=run_params(self.config), metrics=metrics, series=list(self.series_points()),
+        """What tracking logs for this run: params (the config, and the numbers that the config
+        and the model fix rather than the run measures: CONSTANT_METRICS), metrics, per-step
+        series and tags."""
+        numbers = {k: v for k, v in self.flat_metrics().items() if isinstance(v, int | float)}
+        params = run_params(self.config)
+        params.update({k: param_value(v) for k, v in numbers.items() if k in CONSTANT_METRICS and k not in params})
+        metrics = {k: float(v) for k, v in numbers.items() if k not in CONSTANT_METRICS}
+        return MlflowRecord(params=params, metrics=metrics, series=list(self.series_points()),
                             tags=self.mlflow_tags(run_dir, config_hash, git_commit))
 
     def series_points(self) -> Iterator[tuple[str, float, int]]:
