@@ -38,6 +38,7 @@ from harness.core.cost import HardwareConfig
 from harness.core.topology import TopologyConfig, build_topology, check_system_topology
 from harness.decode.decoding import DecodeSettings
 from harness.hybrid.backend import check_backend
+from harness.hybrid.repeats import TimingConfig
 from harness.model import nominal_geometry
 from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
 
@@ -65,6 +66,7 @@ class HarnessConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     resume: bool = False  # skip jobs whose result exists for the same config hash (harness/tracking/resume.py)
     backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
+    timing: TimingConfig = field(default_factory=TimingConfig)  # measured runs: warm-up and repeats
 
     def __post_init__(self) -> None:
         """The checks that span parts (each part checked its own values when it was built)."""

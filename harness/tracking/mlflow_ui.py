@@ -171,8 +171,11 @@ def child_description(result: Mapping[str, Any]) -> str:
     metrics = result.get("metrics") or {}
     budget = (result.get("budget") or {}).get("name") or "?"
     timing = result.get("timing") or "modeled"
+    nominal = ((result.get("config") or {}).get("model") or {}).get("nominal")
+    itself = (", charged as itself, a smoke-test model: its copies cost almost nothing, so tokens/s does not "
+              "rank systems") if nominal == "proxy" else ""
     parts = [f"**{result.get('system')}** at budget {budget} on `{result.get('model')}` "
-             f"({result.get('weights')} weights, {timing} timing on {result.get('hardware')})"]
+             f"({result.get('weights')} weights, {timing} timing on {result.get('hardware')}{itself})"]
     figures = []
     if isinstance(metrics.get("tokens_per_s"), int | float):
         figures.append(f"{metrics['tokens_per_s']:.1f} tokens/s ({timing})")

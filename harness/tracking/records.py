@@ -101,8 +101,10 @@ def run_settings(result: RunResult) -> dict[str, str]:
     (budget.gpu_gb, decode.threshold, hardware.name, ...), the workload by name and prompt digest,
     the calibration prompts by digest, and the resolved weights, timing and backend."""
     config = result.config
+    measured = result.timing.kind == "measured"  # timing.warmup/repeats change nothing a model charges
     settings = {k: setting_text(v) for k, v in flatten(config).items()
-                if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTING_KEYS}
+                if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTING_KEYS
+                and (measured or not k.startswith("timing."))}
     workload = workload_of({"workload": result.workload, "config": config})
     if workload:
         settings["workload"] = f"{workload.get('name')} ({workload.get('digest')}, {workload.get('prompts')} prompts)"

@@ -26,7 +26,7 @@ from typing import Any
 from harness.results import read_json, write_json_atomic
 from harness.routing_stats import routing_metrics
 
-SCHEMA = 1
+SCHEMA = 2  # bumped when a field changes: docs/result-schema.md, harness/tracking/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
 OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from")  # written only when set
@@ -213,8 +213,10 @@ class RunResult:
         speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({ident.source})"
         overlap = (self.config.get("system") or {}).get("overlap")
         charging = "" if overlap is None else f" overlap={str(bool(overlap)).lower()}"
+        charged = "; charged as itself, a smoke-test model: copies cost ~nothing, tokens/s does not rank systems" \
+            if (self.config.get("model") or {}).get("nominal") == "proxy" else ""
         lines = [
-            f"[{ident.system}] model={ident.model} ({ident.weights} weights) budget={b['name']} "
+            f"[{ident.system}] model={ident.model} ({ident.weights} weights{charged}) budget={b['name']} "
             f"B={b['experts_per_layer']} cache={ident.decode_cache} hardware={ident.hardware}{charging}: "
             f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | "
             f"{speed} | miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens "
