@@ -19,6 +19,8 @@ from omegaconf import DictConfig
 from harness.cli import callbacks
 from harness.cli.cli_check import precheck, typed_config
 from harness.cli.config import register_configs
+from harness.cli.help import help_text
+from harness.cli.keyvalue import wants_help
 from harness.cli.run import run_job
 from harness.errors import HarnessError
 from harness.results import write_json_atomic
@@ -59,6 +61,10 @@ def main(cfg: DictConfig) -> None:
 
 
 def entry() -> None:
+    """`python -m harness` and the `harness` console script."""
+    if wants_help(sys.argv[1:]):  # our help: every group and option in a line (--hydra-help: Hydra's)
+        print(help_text())
+        sys.exit(0)
     try:
         precheck(sys.argv[1:])
     except HarnessError as exc:

@@ -165,7 +165,10 @@ def check_results_view(browser: Browser, parent: dict[str, Any], children: list[
                        and any(child["info"]["run_name"] in row for row in rows))
     check(all(carried), "every child's name carries its swept values",
           ", ".join(c["info"]["run_name"] for c in children))
+    resize(browser, 1920)  # wide enough for every result column in the screenshot
+    time.sleep(2)
     browser.screenshot(out / "02-runs-table.png")
+    resize(browser, 1440)
 
 
 def resize(browser: Browser, width: int, height: int = 900) -> None:

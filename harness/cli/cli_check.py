@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.cli.config import HarnessConfig
+from harness.cli.hints import config_keys, refuse_schema_options, refuse_sweep_without_multirun, with_hint
 from harness.errors import HarnessError
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
@@ -106,11 +107,23 @@ def compose_raw(overrides: list[str]) -> DictConfig:
 
 
 def precheck(argv: list[str]) -> None:
+    """Every override composed and typed (each sweep value once) before Hydra runs; the
+    common mistakes (harness/cli/hints.py) answered with their fix."""
     overrides = user_overrides(argv)
     if overrides is None:
         return
+    refuse_schema_options(overrides)
+    refuse_sweep_without_multirun(argv, overrides)
     for variant in override_variants(overrides):
-        compose_checked(variant)
+        try:
+            compose_checked(variant)
+        except HarnessError as exc:
+            raise HarnessError(with_hint(str(exc), variant, keys_under)) from None
+
+
+def keys_under(parent: str) -> list[str]:
+    """The keys of the default config under `parent` (for "did you mean")."""
+    return config_keys(compose_raw([]), parent)
 
 
 def _bad_override(overrides: list[str], exc: HydraException) -> str:

@@ -41,7 +41,7 @@ def run_job(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     The result records when the job started and finished (MLflow's Duration column)."""
     started = time.time()
     result = run_replay(cfg, run_dir) if cfg.source == "trace" else run_live(cfg, run_dir)
-    result.started_at, result.finished_at = started, time.time()
+    result.started_at, result.finished_at, result.run_dir = started, time.time(), Path(run_dir)
     result.save_json(Path(run_dir) / "result.json")
     return result
 

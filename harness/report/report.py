@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from harness.cli.keyvalue import as_flags, program_name
 from harness.errors import HarnessError, OneLineParser, check_output_dir
 from harness.report import plots
 from harness.report.keys import Keyed, keyed_runs
@@ -338,13 +339,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+REPORT_FLAGS = {"from_mlflow": "--from-mlflow", "experiment": "--experiment", "runs": "--runs", "out": "--out"}
+
+
+def report_parser() -> OneLineParser:
+    prog = program_name("python -m harness.report")
+    parser = OneLineParser(
+        prog=prog, description="paper-style table, tidy CSV and figures from finished runs",
+        usage=f"{prog} [runs=DIR ...] [from_mlflow=URI] [experiment=NAME ...] [out=DIR]",
+        epilog="Arguments are key=value, as every harness command takes them (the --flags below are the same "
+               "options). Example: harness-report runs=outputs/multirun out=outputs/report")
+    parser.add_argument("--from-mlflow", metavar="URI", help="from_mlflow=URI: read the runs of this tracking store")
+    parser.add_argument("--experiment", action="append", help="experiment=NAME: only this MLflow experiment "
+                                                              "(repeatable)")
+    parser.add_argument("--runs", nargs="+", action="extend", type=Path, metavar="DIR",
+                        help="runs=DIR: run or sweep dirs (repeatable; default: outputs)")
+    parser.add_argument("--out", type=Path, default=Path("outputs/report"), help="out=DIR: output dir "
+                                                                                 "(default: %(default)s)")
+    return parser
+
+
 def run_report(argv: list[str]) -> int:
-    parser = OneLineParser(prog="python -m harness.report", description="paper-style table and plots")
-    parser.add_argument("--from-mlflow", metavar="URI", help="read the runs of this tracking store")
-    parser.add_argument("--experiment", action="append", help="only these MLflow experiments (repeatable)")
-    parser.add_argument("--runs", nargs="+", type=Path, metavar="DIR", help="run or sweep dirs (default: outputs)")
-    parser.add_argument("--out", type=Path, default=Path("outputs/report"), help="output dir (default: %(default)s)")
-    args = parser.parse_args(argv)
+    parser = report_parser()
+    args = parser.parse_args(as_flags(argv, REPORT_FLAGS))
     if args.from_mlflow and args.runs:
         parser.error("use either --from-mlflow or --runs")
     check_output_dir(args.out, "--out")

@@ -101,6 +101,7 @@ class RunResult:
     decoded: DecodedOutputs | None = None
     workload: dict[str, Any] | None = None  # the prompts decoded (MLflow's dataset input)
     routing: dict[str, Any] | None = None  # routing statistics of the recorded trace, with their uniform values
+    run_dir: Path | None = field(default=None, compare=False, repr=False)  # where it lies; not written
     started_at: float | None = None  # unix time (s) the job started; older results: None
     finished_at: float | None = None  # unix time (s) its result was complete
     schema: int = SCHEMA
@@ -181,7 +182,9 @@ class RunResult:
         data = read_json(path)
         if not isinstance(data, Mapping):
             raise ValueError(f"{path} holds no result object")
-        return cls.from_dict(data)
+        result = cls.from_dict(data)
+        result.run_dir = Path(path).parent
+        return result
 
     def __getitem__(self, key: str) -> Any:
         """Read-only access by result.json key (e.g. result["metrics"]), for callers that

@@ -28,6 +28,7 @@ RESULT_FIELDS: dict[str, Entry] = {  # RunResult: result.json's sections (JSON k
     "workload": ("-", "the prompts decoded: the `workload` record below (MLflow's dataset input)"),
     "routing": ("-", "with trace.record=true: routing statistics of the run's trace and their values under "
                      "uniform routing (harness/routing_stats.py)"),
+    "run_dir": ("-", "not written: the directory a result was read from or written to (harness.run sets it)"),
     "started_at": ("s (unix time)", "when the job started (before the model or trace was loaded)"),
     "finished_at": ("s (unix time)", "when its result was complete (just before result.json was written)"),
     "schema": ("-", "the result schema's version (harness/tracking/result.py SCHEMA)"),

@@ -26,6 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from harness.cli.config_parts import DEFAULT_URI, TrackingConfig
+from harness.cli.keyvalue import as_flags, program_name
 from harness.errors import HarnessError
 from harness.tracking.cluster import job_leaves_logging_to_launcher
 from harness.tracking.mlflow_store import (
@@ -263,14 +264,21 @@ def push(roots: list[Path], tracking: TrackingConfig) -> tuple[int, int, int]:
     return logged, present, failed
 
 
+PUSH_FLAGS = {"uri": "--uri", "experiment": "--experiment"}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.tracking", description=__doc__.split("\n\n")[0])
+    prog = program_name("python -m harness.tracking")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     epilog="Arguments are key=value (uri=..., experiment=...), as every harness "
+                                            "command takes them; the --flags are the same options.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("push", help="log results that never reached MLflow")
+    p = sub.add_parser("push", help="log results that never reached MLflow",
+                       usage=f"{prog} push [DIR ...] [uri=URI] [experiment=NAME]")
     p.add_argument("dirs", nargs="*", type=Path, default=[Path("outputs")], help="run or sweep dirs (default: outputs)")
-    p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="tracking URI")
-    p.add_argument("--experiment", default=None, help="experiment name (default: llada2-<model>)")
-    args = parser.parse_args(argv)
+    p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="uri=URI: tracking URI")
+    p.add_argument("--experiment", default=None, help="experiment=NAME: experiment name (default: llada2-<model>)")
+    args = parser.parse_args(as_flags(sys.argv[1:] if argv is None else argv, PUSH_FLAGS))
 
     try:
         check_tracking_uri(args.uri, "--uri")
