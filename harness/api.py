@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from harness.cli.cli_check import compose_checked, override_variants, user_overrides
+from harness.cli.cli_check import compose_with_hints, override_variants, user_overrides
 from harness.cli.config import register_configs
 from harness.cli.hints import refuse_schema_options, refuse_sweep_without_multirun
 from harness.cli.run import run_job
@@ -55,7 +55,7 @@ def run(overrides: Sequence[str] = (), run_dir: str | Path | None = None, quiet:
     """One job, as `python -m harness <overrides>` runs it; returns its RunResult, whose
     `run_dir` says where result.json went. Raises HarnessError on bad input (one line)."""
     register_configs()
-    cfg = compose_checked(_checked(overrides, multirun=False))
+    cfg = compose_with_hints(_checked(overrides, multirun=False))
     where = Path(run_dir) if run_dir is not None else default_run_dir()
     if skip_if_done(cfg, where):  # resume=true and this config already has a result: that one
         prior = resumed_result_path(where)
@@ -81,7 +81,7 @@ def sweep(overrides: Sequence[str], sweep_dir: str | Path | None = None, quiet: 
     register_configs()
     given = _checked(overrides, multirun=True)
     for variant in override_variants(user_overrides(given) or []):
-        compose_checked(variant)  # a typo fails here, before anything starts
+        compose_with_hints(variant)  # a typo fails here, before anything starts
     where = Path(sweep_dir) if sweep_dir is not None else \
         Path("outputs/multirun") / f"{datetime.now():%Y-%m-%d_%H-%M-%S-%f}_api"
     command = [sys.executable, "-m", "harness", "-m", *given, f"hydra.sweep.dir={where.resolve()}"]

@@ -115,10 +115,15 @@ def precheck(argv: list[str]) -> None:
     refuse_schema_options(overrides)
     refuse_sweep_without_multirun(argv, overrides)
     for variant in override_variants(overrides):
-        try:
-            compose_checked(variant)
-        except HarnessError as exc:
-            raise HarnessError(with_hint(str(exc), variant, keys_under)) from None
+        compose_with_hints(variant)
+
+
+def compose_with_hints(overrides: list[str]) -> HarnessConfig:
+    """compose_checked, its error completed by the fix it calls for (harness/cli/hints.py)."""
+    try:
+        return compose_checked(overrides)
+    except HarnessError as exc:
+        raise HarnessError(with_hint(str(exc), overrides, keys_under)) from None
 
 
 def keys_under(parent: str) -> list[str]:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numba
+import numpy
 import torch
 
 import harness
@@ -85,8 +87,6 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
 
 def versions() -> dict[str, str]:
     """Software versions and the machine (docs/result-schema.md, `versions`)."""
-    import numba
-    import numpy
     import transformers  # heavy: imported only when a result is built
 
     return {
