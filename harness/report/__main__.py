@@ -1,6 +1,7 @@
-"""`python -m harness.report ...`: the command of harness/report/report.py (see its docstring),
-run as `__main__` exactly as `python -m harness.report.report` runs it."""
+"""`python -m harness.report ...`: the command of harness/report/report.py (see its docstring)."""
 
-import runpy
+import sys
 
-runpy.run_module("harness.report.report", run_name="__main__", alter_sys=True)
+from harness.report.report import main
+
+sys.exit(main())
