@@ -17,12 +17,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from harness.cli import callbacks
+from harness.cli.help import help_text
 from harness.cli.overrides import precheck, typed_config
 from harness.common.errors import HarnessError
 from harness.common.files import write_json_atomic
+from harness.common.keyvalue import wants_help
 from harness.job.config import register_configs
 from harness.job.live import run_job
-from harness.job.mlflow_log import log_if_missing, record_finished_run
+from harness.job.mlflow_log import log_if_missing, record_finished_run, where_lines
 from harness.job.resume import resumed_result_path, skip_if_done
 
 register_configs()
@@ -52,10 +54,17 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     for line in result.summary_lines(config.show_text):
         print(line)
-    record_finished_run(result, run_dir, config)  # resume index + MLflow, after result.json; never raises
+    run_id = record_finished_run(result, run_dir, config)  # resume index + MLflow, after result.json; never raises
+    if not in_sweep:  # a sweep prints one line per job and the link to its runs at the end
+        for line in where_lines(run_dir, config, run_id):
+            print(line)
 
 
 def entry() -> None:
+    """`python -m harness` and the `harness` console script."""
+    if wants_help(sys.argv[1:]):  # our help: every group and option in a line (--hydra-help: Hydra's)
+        print(help_text())
+        sys.exit(0)
     try:
         precheck(sys.argv[1:])
     except HarnessError as exc:

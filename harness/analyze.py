@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.common.errors import HarnessError, check_output_dir, exit_with
+from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.placement.trace import RoutingTrace
 from harness.traces.routing_stats import STAT_KEYS, statistics_with_uniform
 from harness.traces.stability import denoise_runs, stability_table
@@ -48,18 +49,20 @@ def plot_stability(table: pd.DataFrame, path: Path, title: str) -> Path:
     return path
 
 
+COMMAND = KeyValueCommand(
+    "python -m harness.analyze", "temporal stability of expert routing in a trace, and its routing statistics",
+    [Option("trace", "a routing trace (trace.npz of a run with trace.record=true)", required=True),
+     Option("B", "experts per layer the top-B sets and statistics use", "64"),
+     Option("max_k", "compare steps up to this many apart within a block", "8"),
+     Option("out", "where stability.csv/.md/.png go (default: next to the trace)"),
+     Option("format", "table (print and write files) or json (print the statistics, write nothing)", "table")],
+    example="python -m harness.analyze trace=outputs/runs/<run>/trace.npz B=64")
+
+
 def parse_args(argv: list[str]) -> dict[str, str]:
-    args = {}
-    for arg in argv:
-        if "=" not in arg:
-            raise HarnessError(f"argument {arg!r} is not key=value; use trace=<path> [B=64] [max_k=8] [out=DIR]")
-        key, value = arg.split("=", 1)
-        if key not in {"trace", "B", "max_k", "out", "format"}:
-            raise HarnessError(f"unknown argument {key!r}; allowed: trace, B, max_k, out, format")
-        args[key] = value
-    if "trace" not in args:
-        raise HarnessError("missing trace=<path to trace.npz>")
-    if args.get("format", "table") not in FORMATS:
+    COMMAND.prog = program_name(COMMAND.prog)
+    args = COMMAND.parse(argv)
+    if args["format"] not in FORMATS:
         raise HarnessError(f"format={args['format']!r} is not allowed; use table or json")
     return args
 
@@ -124,5 +127,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script's entry point."""
     exit_with(main, sys.argv[1:])
+
+
+if __name__ == "__main__":
+    cli()

@@ -30,13 +30,20 @@ from typing import Any
 from harness.common.files import read_json
 from harness.job.mlflow_log import parent_run_id
 from harness.job.resume import resumed_result_path
+from harness.results.run_result import CONSTANT_METRICS, param_value
 from harness.tracking.mlflow_store import normalize_uri, open_store
 from harness.tracking.run_files import RESULT_FILE
 
 
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """What tracking logs of result.json's metrics (RunResult.to_mlflow): every number, as float."""
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+    """What tracking logs of result.json's metrics as MLflow metrics (RunResult.to_mlflow):
+    every number, as float, but the constants (logged as params)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and k not in CONSTANT_METRICS}
+
+
+def constant_params(metrics: Mapping[str, Any]) -> dict[str, str]:
+    """The result's constants as MLflow params."""
+    return {k: param_value(v) for k, v in metrics.items() if k in CONSTANT_METRICS and isinstance(v, int | float)}
 
 
 @dataclass
@@ -69,11 +76,15 @@ def job_dirs(sweep_dir: Path) -> dict[Path, Path]:
     return found
 
 
-def metric_differences(logged: Mapping[str, float], result: Mapping[str, Any]) -> list[str]:
-    """Names of the result's numeric metrics that the run lacks or holds with another value."""
+def metric_differences(logged: Mapping[str, float], result: Mapping[str, Any],
+                       params: Mapping[str, str] | None = None) -> list[str]:
+    """Names of the result's numeric metrics that the run lacks or holds with another value
+    (the constants among its params, when `params` are given)."""
     expected = numeric_metrics(result.get("metrics") or {})
-    return sorted(k for k, v in expected.items()
-                  if k not in logged or not _same(float(logged[k]), v))
+    differing = [k for k, v in expected.items() if k not in logged or not _same(float(logged[k]), v)]
+    if params is not None:
+        differing += [k for k, v in constant_params(result.get("metrics") or {}).items() if params.get(k) != v]
+    return sorted(differing)
 
 
 def _same(a: float, b: float) -> bool:
@@ -107,7 +118,7 @@ def compare(parents: list[Any], parent_id: str | None, children: list[Any], jobs
         if job not in jobs:
             continue
         result = read_json(jobs[job])
-        differing = metric_differences(child.data.metrics, result)
+        differing = metric_differences(child.data.metrics, result, getattr(child.data, "params", None))
         if differing:
             report.problems.append(f"{job.name}: logged metrics differ from result.json: {', '.join(differing)}")
         else:

@@ -39,6 +39,7 @@ from harness.accounting.cost import CostModel
 from harness.accounting.profiling import load_hardware
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError, exit_with
+from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.decode.loading import load_model
 from harness.engine.engine import OffloadEngine
 from harness.job.config import register_configs
@@ -129,13 +130,23 @@ def forward_ms_per_layer(model_name: str, tokens: int) -> float:
 COUNT_LIMITS = {"steps": 100_000, "tokens": 4096, "repeats": 101}
 
 
+COMMAND = KeyValueCommand("python -m harness.bench", "how fast each system plans, live and in replay", [
+    Option("model", "the geometry charged: tiny | mini | flash", ARGS["model"]),
+    Option("trace", "a recorded trace.npz (default: a synthetic trace of the model's geometry)"),
+    Option("steps", "forwards of the synthetic trace", ARGS["steps"]),
+    Option("budget", "the budget config (10GB, 18GB, 30GB, 55GB, custom)", ARGS["budget"]),
+    Option("forward", "also time the proxy model's forward: true | false", ARGS["forward"]),
+    Option("tokens", "tokens per forward of the synthetic trace", ARGS["tokens"]),
+    Option("systems", "comma-separated systems", ARGS["systems"]),
+    Option("repeats", "live runs per system (the median is reported)", ARGS["repeats"]),
+    Option("format", "table | json", ARGS["format"]),
+], example="python -m harness.bench model=mini systems=fiddler,tide forward=false")
+
+
 def parse(argv: list[str]) -> dict[str, str | None]:
-    args = dict(ARGS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in ARGS:
-            raise HarnessError(f"argument {arg!r} is not one of {', '.join(f'{k}=' for k in ARGS)}")
-        args[key] = value
+    COMMAND.prog = program_name(COMMAND.prog)
+    args: dict[str, str | None] = dict(ARGS)
+    args.update(COMMAND.parse(argv))
     for key, upper in COUNT_LIMITS.items():
         count(args, key, upper)
     if args["forward"] not in ("true", "false"):
@@ -187,5 +198,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script's entry point."""
     exit_with(main, sys.argv[1:])
+
+
+if __name__ == "__main__":
+    cli()

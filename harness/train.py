@@ -18,27 +18,28 @@ import time
 from pathlib import Path
 
 from harness.common.errors import HarnessError, exit_with
+from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.decode.decoding import DecodeSettings, decode
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.llada2 import KVCache
 from harness.training.context_use import describe_context_use
 from harness.training.proxy_cache import describe, ensure_trained, recipe, trained_dir
 
-ALLOWED = {"model", "recipe", "seed", "cache_dir", "sample"}
 SAMPLE_PROMPT = "Write a Python function that returns the sum of the squares of a list of numbers."
 
 
+COMMAND = KeyValueCommand("python -m harness.train", "train a proxy checkpoint (cached; reused when present)", [
+    Option("model", "the proxy to train: tiny | mini | flash", required=True),
+    Option("recipe", "cpu (the default budget) | gpu (200 times the tokens, on CUDA)"),
+    Option("seed", "the training seed", "0"),
+    Option("cache_dir", "the cache whose proxies/ receives it (default: $HARNESS_CACHE or outputs/cache)"),
+    Option("sample", "decode one prompt with it afterwards: true | false"),
+], example="python -m harness.train model=tiny")
+
+
 def parse_args(argv: list[str]) -> dict[str, str]:
-    args = {}
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in ALLOWED:
-            raise HarnessError(f"argument {arg!r} is not one of model=<tiny|mini|flash>, recipe=<cpu|gpu>, "
-                               "seed=<int>, cache_dir=<dir>, sample=<true|false>")
-        args[key] = value
-    if "model" not in args:
-        raise HarnessError("missing model=<tiny|mini|flash>")
-    return args
+    COMMAND.prog = program_name(COMMAND.prog)
+    return COMMAND.parse(argv)
 
 
 def sample_text(directory: Path, prompt: str = SAMPLE_PROMPT, gen_length: int = 96) -> str:
@@ -79,5 +80,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script's entry point."""
     exit_with(main, sys.argv[1:])
+
+
+if __name__ == "__main__":
+    cli()

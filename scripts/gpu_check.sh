@@ -52,7 +52,7 @@ COMMON=("model=$MODEL" budget=10GB decode.gen_length=32 limit_prompts=2 "backend
         tracking.enabled=false hardware=local "hardware.profile_path=$OUT/local_profile.json")
 echo "== 2+3. hardware=local, then the four systems (backend=$BACKEND, model=$MODEL)"
 for system in "${SYSTEMS[@]}"; do
-  timeout 120 python -m harness "system=$system" "${COMMON[@]}" "hydra.run.dir=$OUT/runs/$system" \
+  timeout 300 python -m harness "system=$system" "${COMMON[@]}" "hydra.run.dir=$OUT/runs/$system" \
     > "$OUT/$system.log" 2>&1
   echo "$system exit $?"; grep -E "^\[$system\]|error" "$OUT/$system.log" | tail -2
 done
@@ -62,7 +62,8 @@ python - "$OUT" "${SYSTEMS[@]}" <<'EOF' | tee "$OUT/summary.tsv"
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-keys = ["tokens_per_s", "modeled_tokens_per_s", "wall_tokens_per_s", "token_match_rate", "first_diff_position",
+keys = ["tokens_per_s", "measured_tokens_per_s_p50", "measured_tokens_per_s_p90", "modeled_tokens_per_s",
+        "wall_tokens_per_s", "token_match_rate", "first_diff_position",
         "miss_rate", "cpu_expert_tokens", "io_gb", "gpu_peak_mem_gb", "gpu_expert_pool_bytes",
         "measured_gpu_experts_s", "measured_cpu_experts_s", "host_experts_pinned", "experts_per_layer"]
 print("\t".join(["system", "timing", *keys]))

@@ -9,6 +9,10 @@ judging it. Screenshots go into --out. Exit status 1 if any check failed.
     by the browser's GenAI / Model training switch, not by the tag)
   the link the harness prints opens the runs table, which lists the parent run (by its
     sweep name) and, expanded, every child, with the workload in the Dataset column
+  that table (the saved view "Results (harness)") shows tokens/s, miss rate, tau* and
+    lossless and the swept params as columns; the parent's name leads with what the sweep
+    varies, every child's name carries its swept values
+  each child's duration is its job's own (REST)
   the chart view of the children grouped by system and budget
   the parent run's page: its name, and the description with the command and summary table
   once the sidebar switch was set to "Model training", the bare experiment URL opens the runs table
@@ -125,7 +129,63 @@ def check_runs_table(browser: Browser, link: str, parent: dict[str, Any], childr
     labels = {f"{d['name']} ({d['digest']})" for d in datasets}
     check(len(datasets) == len(children) and all(any(lb in row for row in rows) for lb in labels),
           "the Dataset column shows each child's workload", ", ".join(sorted(labels)))
+
+
+HEADERS = "[...document.querySelectorAll('.ag-header-cell')].map(e => e.innerText.trim()).filter(x => x)"
+RESULT_COLUMNS = ("tokens_per_s", "miss_rate", "tau_star", "lossless")
+
+
+def params_of(run: dict[str, Any]) -> dict[str, str]:
+    return {p["key"]: p["value"] for p in run["data"].get("params", [])}
+
+
+def check_results_view(browser: Browser, parent: dict[str, Any], children: list[dict[str, Any]], swept: list[str],
+                       out: Path) -> None:
+    """The link's view (saved view "Results (harness)") shows the results and the swept params
+    as columns, and the names carry the swept values. Runs on the page check_runs_table left
+    open (the parent expanded)."""
+    resize(browser, 3000)  # the grid renders only the columns in view: all of them, for reading
+    time.sleep(2)
+    headers = list(browser.evaluate(HEADERS) or [])
+    resize(browser, 1440)
+    missing = [c for c in RESULT_COLUMNS if c not in headers]
+    check(not missing, "the link's runs table shows tokens/s, miss rate, tau* and lossless as columns",
+          f"missing {missing}" if missing else ", ".join(headers))
+    params = [f"{k}.name" if k in ("system", "budget", "model") else k for k in swept]
+    check(all(p in headers for p in params), "it shows the swept params as columns", ", ".join(params))
+    name = parent["info"]["run_name"]
+    shown = " × ".join(f"{k}=" for k in swept)
+    check(all(f"{k}=" in name.split(" · ")[0] for k in swept) and any(name[:40] in row for row in row_texts(browser)),
+          "the parent's name leads with what the sweep varies", f"{name} (expected {shown}...)")
+    rows = row_texts(browser)
+    carried = []
+    for child in children:
+        values = [params_of(child).get(p) for p in params]
+        carried.append(all(v is not None and v in child["info"]["run_name"] for v in values)
+                       and any(child["info"]["run_name"] in row for row in rows))
+    check(all(carried), "every child's name carries its swept values",
+          ", ".join(c["info"]["run_name"] for c in children))
+    resize(browser, 1920)  # wide enough for every result column in the screenshot
+    time.sleep(2)
     browser.screenshot(out / "02-runs-table.png")
+    resize(browser, 1440)
+
+
+def resize(browser: Browser, width: int, height: int = 900) -> None:
+    browser.command("Emulation.setDeviceMetricsOverride",
+                    {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, browser.session)
+
+
+def check_job_durations(children: list[dict[str, Any]]) -> None:
+    """The Duration column is each job's own time (REST: end - start >= the job's decode wall time)."""
+    ok, shown = True, []
+    for child in children:
+        info = child["info"]
+        metrics = {m["key"]: m["value"] for m in child["data"].get("metrics", [])}
+        duration_s = (int(info["end_time"]) - int(info["start_time"])) / 1000
+        ok &= duration_s >= metrics.get("wall_s", 0.0) > 0
+        shown.append(f"{duration_s:.1f}s")
+    check(ok, "each child's duration is its job's (at least its decode wall time)", ", ".join(shown))
 
 
 def check_parent_page(browser: Browser, base: str, parent: dict[str, Any], out: Path) -> None:
@@ -191,9 +251,10 @@ def check_chart_view(browser: Browser, link: str, parent: dict[str, Any], childr
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="the MLflow UI, e.g. http://127.0.0.1:5000")
-    parser.add_argument("--experiment", default="llada2-tiny")
+    parser.add_argument("--experiment", default="llada2-mini")
     parser.add_argument("--out", type=Path, required=True, help="folder for the screenshots")
     parser.add_argument("--chromium", default="chromium")
+    parser.add_argument("--swept", default="system,budget", help="the keys the sweep varied, comma-separated")
     args = parser.parse_args(argv)
     base = args.url.rstrip("/")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -211,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             check_new_browser(browser, base, experiment["experiment_id"], args.out)
             choose_model_training(browser)
             check_runs_table(browser, link, parent, children, args.out)
+            check_results_view(browser, parent, children, args.swept.split(","), args.out)
+            check_job_durations(children)
             check_chart_view(browser, link, parent, children, args.out)
             check_parent_page(browser, base, parent, args.out)
             check_remembered_switch(browser, base, experiment["experiment_id"], args.out)

@@ -4,8 +4,8 @@
 #   apt-get update && apt-get install -y chromium      # Debian / Ubuntu
 #   bash scripts/ui_check.sh [SCREENSHOT_DIR]
 #
-# 1. a tiny 2x2 sweep (gpu_only, mixtral_offload x 10GB, 18GB; a few seconds per job once
-#    the tiny model's caches exist) into a temporary SQLite store;
+# 1. a 2x2 sweep on the mini proxy (fiddler, tide x 10GB, 18GB; one prompt, 8 tokens; the
+#    mini proxy is built first when HARNESS_CACHE has none) into a temporary SQLite store;
 # 2. `mlflow ui` on that store, on a free port of 127.0.0.1;
 # 3. scripts/ui_check.py drives headless Chromium through the experiment page, the runs
 #    table and the chart view, checks what they show (one `ok:`/`FAILED:` line each) and
@@ -47,9 +47,10 @@ cleanup() { stop_server; rm -rf "$WORK"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "== tiny sweep into $STORE"
-if ! "$PYTHON" -m harness -m model=tiny decode.gen_length=4 decode.block_length=4 decode.steps=2 \
-    limit_prompts=1 show_text=false system=gpu_only,mixtral_offload budget=10GB,18GB \
+echo "== mini sweep into $STORE"
+# the mini proxy, charged as LLaDA2.0-mini: its systems differ (tiny is charged as itself)
+if ! "$PYTHON" -m harness -m model=mini decode.gen_length=8 decode.block_length=8 decode.steps=4 \
+    limit_prompts=1 show_text=false system=fiddler,tide budget=10GB,18GB \
     "tracking.uri=$STORE" "hydra.sweep.dir=$WORK/sweep" > "$WORK/sweep.log" 2>&1; then
   tail -20 "$WORK/sweep.log" >&2
   echo "error: the sweep failed (log above)" >&2
@@ -80,7 +81,8 @@ fi
 echo "mlflow ui (pid $SERVER_PID) answers"
 
 echo "== headless Chromium ($("$CHROMIUM" --version 2>/dev/null | head -1))"
-"$PYTHON" "$REPO/scripts/ui_check.py" --url "$URL" --out "$OUT" --chromium "$CHROMIUM"
+"$PYTHON" "$REPO/scripts/ui_check.py" --url "$URL" --out "$OUT" --chromium "$CHROMIUM" \
+  --experiment llada2-mini --swept system,budget
 STATUS=$?
 stop_server
 exit "$STATUS"

@@ -9,8 +9,9 @@
                      early (SIGTERM, Ctrl-C, an exception)
   on_job_end         (the job's process) one compact line per finished job
   on_multirun_end    (launching process) the sweep's summary table: printed, written to
-                     the sweep dir (CSV, markdown, throughput plot) and logged to the
-                     parent run (artifacts, and with the command in its description),
+                     the sweep dir (CSV, markdown, every figure the report draws for the
+                     jobs) and logged to the parent run (artifacts, the best system as a
+                     tag, and with the command in its description),
                      which is then closed FINISHED and the guard released; then the link
                      that opens the runs table in the MLflow UI
 
@@ -34,14 +35,14 @@ from omegaconf import DictConfig, OmegaConf
 from harness.common.files import read_json
 from harness.job import mlflow_log as tracking
 from harness.job.resume import RESUMED_FILE
-from harness.report.plots import throughput_by_budget
+from harness.report.plots import all_figures, figure_files
 from harness.report.tables import sweep_markdown, sweep_records, sweep_table
 from harness.results.records import SWEEP_FILES, compact_line, record_from_result
 from harness.results.run_result import RunResult
 from harness.tracking import cluster, mlflow_ui, sweep_run
 from harness.tracking.run_files import PARENT_MARKER
 
-SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
+SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES  # throughput.png: one of the figures
 
 
 FAILED_JOBS = 0  # set by the last sweep in this process; `python -m harness` then exits 2
@@ -96,11 +97,12 @@ class SweepCallback(Callback):
         overrides = [str(o) for o in config.hydra.overrides.task]
         self.command = mlflow_ui.sweep_command(overrides, [str(o) for o in config.hydra.overrides.hydra])
         try:
-            name = mlflow_ui.parent_run_name(mlflow_ui.swept_overrides(overrides, sweeper_params(config)),
-                                             datetime.now())
-            run_id, self.reused = sweep_run.open_parent_run(settings, directory, swept_models(config), overrides,
+            swept, models = mlflow_ui.swept_overrides(overrides, sweeper_params(config)), swept_models(config)
+            name = mlflow_ui.parent_run_name(swept, datetime.now(), models)
+            run_id, self.reused = sweep_run.open_parent_run(settings, directory, models, overrides,
                                                            resume=bool(config.resume), name=name,
-                                                           description=mlflow_ui.parent_description(self.command))
+                                                           description=mlflow_ui.parent_description(self.command),
+                                                           swept=swept)
         except Exception as exc:
             tracking.warn_failure(settings.uri, "parent run", exc)
             return
@@ -144,7 +146,7 @@ class SweepCallback(Callback):
                 tracking.push([directory], settings)
             sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records),
                                         mlflow_ui.parent_description(self.command, table, note),
-                                        sweep_run.workloads_in(directory))
+                                        sweep_run.workloads_in(directory), best_run_tags(records))
             print(mlflow_ui.ui_hint(tracking.normalize_uri(settings.uri), experiment_of(directory, settings.uri)))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "sweep summary", exc)
@@ -165,16 +167,33 @@ def skipped_by_resume(run_dir: Path) -> bool:
 
 
 def write_sweep_summary(directory: Path, records: list[dict[str, Any]]) -> list[Path]:
+    """The summary table (CSV, markdown) and every figure the report draws for these jobs
+    (throughput.png, tau_sweep_*, miss_per_step_*; each also as PDF and SVG)."""
     table = sweep_table(records)
     table.to_csv(directory / SUMMARY_CSV, index=False)
     (directory / SUMMARY_MD).write_text(sweep_markdown(table))
     done = [r for r in records if r["status"] != "failed"]
-    plot = throughput_by_budget(done, directory / THROUGHPUT_PNG) if done else None
-    return [directory / SUMMARY_CSV, directory / SUMMARY_MD] + ([plot] if plot else [])
+    figures = all_figures(done, directory) if done else []
+    return [directory / SUMMARY_CSV, directory / SUMMARY_MD, *(f for png in figures for f in figure_files(png))]
+
+
+def best_run(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The job with the highest tokens/s (None when no job has a figure)."""
+    ranked = [r for r in records if r["status"] != "failed" and not math.isnan(r["tokens_per_s"])]
+    return max(ranked, key=lambda r: r["tokens_per_s"]) if ranked else None
+
+
+def best_run_tags(records: list[dict[str, Any]]) -> dict[str, str]:
+    """The parent's `best_system` tag: the fastest job by name (`tide system.tau=4 budget=10GB`)."""
+    best = best_run(records)
+    if best is None:
+        return {}
+    varies = best.get("overrides") or f"budget={best['budget']}"
+    return {"best_system": f"{best['system']} ({varies}): {best['tokens_per_s']:.1f} tok/s ({best['timing']})"}
 
 
 def sweep_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     count = {s: float(sum(r["status"] == s for r in records)) for s in ("ok", "skipped", "failed")}
-    best = max((r["tokens_per_s"] for r in records if not math.isnan(r["tokens_per_s"])), default=math.nan)
+    best = best_run(records)
     return {"jobs": float(len(records)), "jobs_ok": count["ok"], "jobs_skipped": count["skipped"],
-            "jobs_failed": count["failed"], **({"best_tokens_per_s": best} if not math.isnan(best) else {})}
+            "jobs_failed": count["failed"], **({"best_tokens_per_s": best["tokens_per_s"]} if best else {})}

@@ -19,6 +19,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from harness.cli.hints import config_keys, refuse_schema_options, refuse_sweep_without_multirun, with_hint
 from harness.common.errors import HarnessError
 from harness.job.config import HarnessConfig
 
@@ -106,11 +107,28 @@ def compose_raw(overrides: list[str]) -> DictConfig:
 
 
 def precheck(argv: list[str]) -> None:
+    """Every override composed and typed (each sweep value once) before Hydra runs; the
+    common mistakes (harness/cli/hints.py) answered with their fix."""
     overrides = user_overrides(argv)
     if overrides is None:
         return
+    refuse_schema_options(overrides)
+    refuse_sweep_without_multirun(argv, overrides)
     for variant in override_variants(overrides):
-        compose_checked(variant)
+        compose_with_hints(variant)
+
+
+def compose_with_hints(overrides: list[str]) -> HarnessConfig:
+    """compose_checked, its error completed by the fix it calls for (harness/cli/hints.py)."""
+    try:
+        return compose_checked(overrides)
+    except HarnessError as exc:
+        raise HarnessError(with_hint(str(exc), overrides, keys_under)) from None
+
+
+def keys_under(parent: str) -> list[str]:
+    """The keys of the default config under `parent` (for "did you mean")."""
+    return config_keys(compose_raw([]), parent)
 
 
 def _bad_override(overrides: list[str], exc: HydraException) -> str:

@@ -27,6 +27,7 @@ from harness.common.checks import given, require
 from harness.decode.decoding import DecodeSettings
 from harness.decode.workload import WorkloadConfig
 from harness.hybrid.backend import check_backend
+from harness.hybrid.repeats import TimingConfig
 from harness.model.settings import ModelConfig, nominal_geometry
 from harness.tracking.settings import TrackingConfig
 from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
@@ -68,6 +69,7 @@ class HarnessConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     resume: bool = False  # skip jobs whose result exists for the same config hash (harness/job/resume.py)
     backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
+    timing: TimingConfig = field(default_factory=TimingConfig)  # measured runs: warm-up and repeats
 
     def __post_init__(self) -> None:
         """The checks that span parts (each part checked its own values when it was built)."""

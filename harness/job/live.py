@@ -12,15 +12,19 @@ Data flow (docs/architecture.md):
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.decode.decode_batch import decode_with_engine, encode_checked
+from harness.decode.decode_batch import DecodeBatch, decode_with_engine, encode_checked
 from harness.decode.decoding import steps_per_block
 from harness.decode.loading import LoadedModel
 from harness.decode.lossless import compare_tokens, load_reference, store_reference
 from harness.decode.workload import load_prompts, workload_record
+from harness.engine.engine import OffloadEngine
+from harness.hybrid.executor import HybridExecutor
+from harness.hybrid.repeats import TimingConfig, repeat_figures, run_repeats
 from harness.job.artifacts import artifact_key, calibration_trace, describe_batch, model_identity, new_trace
 from harness.job.config import HarnessConfig
 from harness.job.execution import Execution
@@ -33,13 +37,25 @@ from harness.traces.routing_stats import statistics_with_uniform
 
 def run_job(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     """Run one configuration and write `result.json` into `run_dir`: live by default,
-    over a recorded routing trace with `source=trace`. `cfg` was checked when it was built."""
-    if cfg.source == "trace":
-        return run_replay(cfg, run_dir)
-    return run_live(cfg, run_dir)
+    over a recorded routing trace with `source=trace`. `cfg` was checked when it was built.
+    The result records when the job started and finished (MLflow's Duration column)."""
+    started = time.time()
+    result = run_replay(cfg, run_dir) if cfg.source == "trace" else run_live(cfg, run_dir)
+    result.started_at, result.finished_at, result.run_dir = started, time.time(), Path(run_dir)
+    result.save_json(Path(run_dir) / "result.json")
+    return result
+
+
+def add_repeat_figures(result: RunResult, times_s: list[float], timing: TimingConfig) -> None:
+    """The repeats' p50/p90 into the measured result's timing; tokens_per_s is the p50 rate."""
+    figures = repeat_figures(times_s, int(result.metrics["generated_tokens"]), timing)
+    result.timing.figures.update(figures)
+    if not math.isnan(figures["measured_tokens_per_s_p50"]):
+        result.metrics["tokens_per_s"] = figures["measured_tokens_per_s_p50"]
 
 
 def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
+    """Decode the workload under the engine; the result (not yet written: run_job writes it)."""
     run_dir = Path(run_dir)
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
     settings = cfg.decode
@@ -65,11 +81,18 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
 
     trace = new_trace(loaded, cfg, settings, "workload") if record else None
-    engine = setup.engine(trace)
-    engine.prepare(calibration if setup.needs_calibration else None, steps_per_block(settings))
-    runner = execution.runner(loaded, engine)  # kept here: its measured figures go into the result
-    batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
-    execution.close(runner)
+
+    def decode_once(last: bool) -> tuple[OffloadEngine, OffloadEngine | HybridExecutor, DecodeBatch]:
+        engine = setup.engine(trace if last else None)
+        engine.prepare(calibration if setup.needs_calibration else None, steps_per_block(settings))
+        runner = execution.runner(loaded, engine)  # kept: its measured figures go into the result
+        batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
+        execution.close(runner)
+        return engine, runner, batch
+
+    # a device measures: warm-up decodes, then repeats (harness/hybrid/repeats.py); the host models once
+    runs = run_repeats(decode_once, cfg.timing) if execution.on_device else [decode_once(True)]
+    engine, runner, batch = runs[-1]
     tokens = [o.generated for o in batch.outputs]
     if reference is None:  # this gpu_only run is the reference
         reference = tokens
@@ -91,6 +114,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     if trace is not None:  # how realistic this run's routing is, beside uniform routing
         result.routing = statistics_with_uniform(trace, max(1, int(setup.budget.experts_per_layer)))
     execution.add_measured(result, runner)  # on a device: timing=measured, the modeled figures beside it
+    if execution.on_device:
+        add_repeat_figures(result, [r.summary()["measured_time_s"] for _, r, _ in runs], cfg.timing)
     first = batch.outputs[0]
     result.decoded = DecodedOutputs(
         outputs=[{"prompt_tokens": len(o.prompt_ids), "tokens": o.generated, "n_generated": o.n_generated,
@@ -98,7 +123,6 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         steps=[asdict(r) for o in batch.outputs for r in o.records],
         first_text=loaded.tokenizer.decode(first.generated[: first.n_generated]),
     )
-    result.save_json(run_dir / "result.json")
-    return result
+    return result  # run_job writes result.json
 
 

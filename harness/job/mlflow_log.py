@@ -26,8 +26,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from harness.common.errors import HarnessError
+from harness.common.keyvalue import as_flags, program_name
 from harness.job.resume import config_hash, index_result
-from harness.results.records import SWEEP_FILES
+from harness.results.records import SWEEP_FILES, workload_of
 from harness.results.run_result import RunResult
 from harness.tracking.cluster import job_leaves_logging_to_launcher
 from harness.tracking.mlflow_store import (
@@ -44,7 +45,14 @@ from harness.tracking.mlflow_store import (
     open_store,
     warn_failure,
 )
-from harness.tracking.mlflow_ui import NOTE_TAG, child_description, dataset_input, parent_description
+from harness.tracking.mlflow_ui import (
+    NOTE_TAG,
+    child_description,
+    child_run_name,
+    dataset_input,
+    parent_description,
+    run_page_link,
+)
 from harness.tracking.run_files import (
     RESULT_FILE,
     RUN_MARKER,
@@ -53,10 +61,16 @@ from harness.tracking.run_files import (
     parent_run_id,
     result_dirs,
     sweep_dir_of,
-    workload_of,
 )
 from harness.tracking.settings import DEFAULT_URI, TrackingConfig
-from harness.tracking.sweep_run import finish_parent_run, recorded_sweep, start_parent_run, workloads_in
+from harness.tracking.sweep_run import (
+    finish_parent_run,
+    job_swept_values,
+    recorded_sweep,
+    start_parent_run,
+    sweep_figures,
+    workloads_in,
+)
 from harness.tracking.uris import check_tracking_uri
 
 if TYPE_CHECKING:
@@ -107,10 +121,13 @@ def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
     plain = result.to_dict()
     workload = workload_of(plain)
     tags[NOTE_TAG] = child_description({**plain, "workload": workload})
+    ident = result.identity
+    tags["mlflow.runName"] = child_run_name(ident.system, result.budget_name, ident.model, job_swept_values(run_dir))
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
+    start_ms, end_ms = job_times_ms(result)
     # tagged from birth, so that a run cut short anywhere is found as its parent's orphan
-    run = client.create_run(experiment_id, run_name=tags.get("mlflow.runName"), tags=tags)
+    run = client.create_run(experiment_id, start_time=start_ms, run_name=tags["mlflow.runName"], tags=tags)
     run_id = run.info.run_id
     try:
         metrics = [(k, v, 0) for k, v in record.metrics.items()]
@@ -120,12 +137,20 @@ def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
         log_config_yaml(client, run_id, result.config)
         for path, sub in artifact_files(run_dir):
             client.log_artifact(run_id, str(path), sub)
-        client.set_terminated(run_id, "FINISHED")
+        client.set_terminated(run_id, "FINISHED", end_time=end_ms)
     except BaseException as exc:  # a half-logged run would be duplicated by the next push
         discard_run(client, run_id, "FAILED" if isinstance(exc, Exception) else "KILLED")
         raise
     add_marker(run_dir / RUN_MARKER, tracking.uri, run_id, experiment_id, digest)
     return run_id
+
+
+def job_times_ms(result: RunResult) -> tuple[int | None, int | None]:
+    """The job's own start and end (ms), so that the UI's Duration column is the job's time,
+    not the logging's; (None, None) for a result that did not record them (MLflow: now)."""
+    if result.started_at is None or result.finished_at is None:
+        return None, None
+    return int(result.started_at * 1000), int(result.finished_at * 1000)
 
 
 def log_run(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
@@ -156,6 +181,18 @@ def record_finished_run(result: RunResult, run_dir: str | Path, cfg: HarnessConf
         print("MLflow: this SLURM job's result is logged by the launching process at the end of the sweep")
         return None
     return log_run(result, run_dir, cfg.tracking, job_parent_run_id(cfg.tracking))
+
+
+def where_lines(run_dir: str | Path, cfg: HarnessConfig, run_id: str | None) -> list[str]:
+    """Where a finished single run went: its result.json and, once logged, its MLflow run page."""
+    lines = [f"result: {(Path(run_dir) / RESULT_FILE).resolve()}"]
+    marker = find_marker(Path(run_dir) / RUN_MARKER, cfg.tracking.uri) if run_id else None
+    if marker is not None:
+        uri = normalize_uri(cfg.tracking.uri)
+        link = run_page_link(uri, str(marker["experiment_id"]), run_id)
+        serve = "" if uri.startswith(("http://", "https://")) else f" (after: mlflow ui --backend-store-uri {uri})"
+        lines.append(f"MLflow run: {link}{serve}")
+    return lines
 
 
 def log_if_missing(result_path: Path | None, cfg: HarnessConfig) -> str | None:
@@ -190,13 +227,13 @@ def push_parent(tracking: TrackingConfig, sweep_dir: Path) -> str:
         return existing
 
     models = {str(RunResult.from_json(d / RESULT_FILE).identity.model) for d in result_dirs([sweep_dir])}
-    name, command = recorded_sweep(sweep_dir)
+    name, command = recorded_sweep(sweep_dir, models)
     pushed = f"(pushed from {sweep_dir})"
     run_id = start_parent_run(tracking, sweep_dir, models or {"unknown"}, [pushed], name,
                               parent_description(command, note=pushed))
     summary = sweep_dir / SWEEP_FILES[1]
     table = summary.read_text() if summary.is_file() else None
-    finish_parent_run(tracking, run_id, [sweep_dir / f for f in SWEEP_FILES], {},
+    finish_parent_run(tracking, run_id, [*(sweep_dir / f for f in SWEEP_FILES[:2]), *sweep_figures(sweep_dir)], {},
                       parent_description(command, table, pushed), workloads_in(sweep_dir))
     return run_id
 
@@ -226,14 +263,21 @@ def push(roots: list[Path], tracking: TrackingConfig) -> tuple[int, int, int]:
     return logged, present, failed
 
 
+PUSH_FLAGS = {"uri": "--uri", "experiment": "--experiment"}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.tracking", description=__doc__.split("\n\n")[0])
+    prog = program_name("python -m harness.tracking")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     epilog="Arguments are key=value (uri=..., experiment=...), as every harness "
+                                            "command takes them; the --flags are the same options.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("push", help="log results that never reached MLflow")
+    p = sub.add_parser("push", help="log results that never reached MLflow",
+                       usage=f"{prog} push [DIR ...] [uri=URI] [experiment=NAME]")
     p.add_argument("dirs", nargs="*", type=Path, default=[Path("outputs")], help="run or sweep dirs (default: outputs)")
-    p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="tracking URI")
-    p.add_argument("--experiment", default=None, help="experiment name (default: llada2-<model>)")
-    args = parser.parse_args(argv)
+    p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="uri=URI: tracking URI")
+    p.add_argument("--experiment", default=None, help="experiment=NAME: experiment name (default: llada2-<model>)")
+    args = parser.parse_args(as_flags(sys.argv[1:] if argv is None else argv, PUSH_FLAGS))
 
     try:
         check_tracking_uri(args.uri, "--uri")

@@ -123,5 +123,4 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
                            trace_derived_from=str(derived) if derived else None)
     result = build_result(cfg, setup, engine, counts, clock, identity)
     result.workload = workload
-    result.save_json(run_dir / "result.json")
-    return result
+    return result  # run_job writes result.json

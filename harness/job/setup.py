@@ -4,11 +4,16 @@ build from the engine's summary (`build_result`)."""
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import hydra
+import numba
+import numpy
 import torch
 
 import harness
@@ -81,10 +86,44 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
 
 
 def versions() -> dict[str, str]:
+    """Software versions and the machine (docs/result-schema.md, `versions`)."""
     import transformers  # heavy: imported only when a result is built
 
     return {
         "harness": harness.__version__, "code": code_version(), "python": platform.python_version(),
-        "torch": torch.__version__,
-        "hydra": hydra.__version__, "transformers": transformers.__version__, "machine": platform.node(),
+        "torch": torch.__version__, "hydra": hydra.__version__, "transformers": transformers.__version__,
+        "numpy": numpy.__version__, "numba": numba.__version__, "mlflow": installed_version("mlflow"),
+        "machine": platform.node(), **machine_environment(),
     }
+
+
+def installed_version(package: str) -> str:
+    """A package's version from its metadata, without importing it (MLflow takes seconds)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_environment() -> dict[str, str]:
+    """The OS, CPU model and count, physical memory and, where torch sees one, the GPU."""
+    out = {"os": f"{platform.system()} {platform.release()}", "cpu_model": cpu_model(),
+           "cpu_count": str(os.cpu_count() or 0)}
+    try:
+        out["ram_gb"] = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 1e9:.1f}"
+    except (ValueError, OSError, AttributeError):  # not every OS names these
+        out["ram_gb"] = "unknown"
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo on Linux, the platform's processor string elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -1,6 +1,25 @@
-"""Tables and plots from finished runs: `python -m harness.report`.
+"""Tables and plots from finished runs: `python -m harness.report`, or `harness.report(...)`.
 
   tables.py    the paper-style comparison and a sweep's summary, from run dirs or MLflow
-  plots.py     the comparison figures
-  __main__.py  `python -m harness.report`: runs tables.py as __main__
+  keys.py      what tells runs apart: row keys, system column labels, same-key runs
+  plots.py     the comparison figures (PNG, PDF, SVG)
+  api.py       `harness.report(runs=..., out=...)`: the report as a Python call
+  __main__.py  `python -m harness.report`: runs tables.py's main
+
+The package itself is callable, so that `harness.report(...)` is the report while
+`harness.report.plots` and friends stay modules: calling it calls api.report.
 """
+
+import sys
+import types
+from typing import Any
+
+from harness.report.api import report as _report
+
+
+class _CallableReport(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _report(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableReport

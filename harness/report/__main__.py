@@ -1,6 +1,7 @@
-"""`python -m harness.report ...`: the command of harness/report/tables.py (see its docstring),
-run as `__main__` exactly as `python -m harness.report.tables` runs it."""
+"""`python -m harness.report ...`: the command of harness/report/tables.py (see its docstring)."""
 
-import runpy
+import sys
 
-runpy.run_module("harness.report.tables", run_name="__main__", alter_sys=True)
+from harness.report.tables import main
+
+sys.exit(main())

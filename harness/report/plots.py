@@ -1,24 +1,35 @@
-"""Comparison plots (PNG, matplotlib Agg) from report records (`harness.report.tables`).
+"""Comparison figures (matplotlib Agg) from report records (`harness.report.tables`).
 
-- throughput by system and budget: grouped bars, one panel per (model, gen, block);
+- throughput by system and budget: grouped bars, one panel per value of the other row keys;
 - tau sweeps (tide runs with different integer tau): throughput and miss rate against
   tau, with tau* (the solver's choice, from a tau=auto run) marked;
 - miss rate per denoising step within a block, averaged over blocks, one line per system.
 
-Every title says "(modeled)" when the throughput comes from the cost model.
+Camera-ready: every figure is written as PNG (300 dpi), PDF and SVG side by side; error
+bars are +-1 standard deviation across prompts (each prompt's modeled tokens/s and miss rate
+from the run's per-prompt step series; none where a run has fewer than two prompts or no
+per-prompt series); legends sit outside the axes; an axis whose values are all powers of two
+(tau) is log2. Rows and columns are keyed as the report's table (harness/report/keys.py), so a
+figure never merges runs with different settings. Every title says "(modeled)" when the
+throughput comes from the cost model.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.results.records import one_per_cell, row_keys, system_order
+from harness.report.keys import key_label, keyed_runs
+from harness.results.records import system_order
 
 Record = dict[str, Any]
+FORMATS = (".png", ".pdf", ".svg")
+DPI = 300
+ERROR_NOTE = "error bars: ±1 s.d. across prompts"
 
 
 def timing_note(records: list[Record]) -> str:
@@ -29,7 +40,7 @@ def timing_note(records: list[Record]) -> str:
 
 
 def _slug(values: tuple[Any, ...]) -> str:
-    return re.sub(r"[^\w.-]+", "_", "_".join(str(v) for v in values)).strip("_")
+    return re.sub(r"[^\w.-]+", "_", "_".join(str(v) for v in values)).strip("_")[:150]
 
 
 def _budget_order(budget: Any) -> tuple[float, str]:
@@ -46,25 +57,64 @@ def pyplot() -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.rcParams["svg.hashsalt"] = "harness"  # the same figure gives the same SVG
     return plt
 
 
+def figure_files(png: Path) -> list[Path]:
+    """The PNG, PDF and SVG of one figure."""
+    return [png.with_suffix(s) for s in FORMATS]
+
+
 def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """Write the figure as PNG (300 dpi), PDF and SVG; the bounding box takes in the legends
+    outside the axes. Returns the PNG's path."""
+    metadata = {".png": {}, ".pdf": {"CreationDate": None}, ".svg": {"Date": None}}
+    for file in figure_files(path):
+        fig.savefig(file, dpi=DPI, bbox_inches="tight", metadata=metadata[file.suffix])
     pyplot().close(fig)
     return path
 
 
-def throughput_by_budget(records: list[Record], path: Path) -> Path | None:
-    import pandas as pd
+def legend_outside(ax: Any, **kwargs: Any) -> None:
+    """The legend to the right of the axes, never over the data."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, **kwargs)
 
-    df = pd.DataFrame(records)
+
+def powers_of_two(values: list[Any]) -> bool:
+    """At least two distinct values, every one a positive integer power of two (1, 2, 4, ...)."""
+    ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return len(ints) == len(values) and len(set(ints)) >= 2 and all(v > 0 and v & (v - 1) == 0 for v in ints)
+
+
+def log2_axis(ax: Any, values: list[int]) -> None:
+    """A log2 x axis ticked at the values themselves, labelled as plain integers."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(values))))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def spread(record: Record, metric: str) -> float:
+    """The standard deviation of a metric across the run's prompts (NaN under two prompts)."""
+    values = [p[metric] for p in record.get("per_prompt") or [] if not math.isnan(p.get(metric, math.nan))]
+    return statistics.stdev(values) if len(values) >= 2 else math.nan
+
+
+def _errors(values: list[float]) -> list[float] | None:
+    """Error bar half-lengths for matplotlib, None when no run has a spread."""
+    return [0.0 if math.isnan(v) else v for v in values] if any(not math.isnan(v) for v in values) else None
+
+
+def throughput_by_budget(records: list[Record], path: Path) -> Path | None:
+    keyed = keyed_runs(records)
+    df = keyed.frame
     if df.empty or df["tokens_per_s"].isna().all():
         return None
-    keys = row_keys(df)
-    df = one_per_cell(df.assign(**{k: df[k].fillna("?") for k in keys}), keys)
-    panel_keys = [k for k in keys if k != "budget"]
+    panel_keys = [k for k in keyed.keys if k != "budget"]
     panels = list(df.groupby(panel_keys, sort=True))
     fig, axes = pyplot().subplots(len(panels), 1, figsize=(8, 3.6 * len(panels)), squeeze=False)
     for ax, (panel, part) in zip(axes[:, 0], panels, strict=True):
@@ -72,52 +122,67 @@ def throughput_by_budget(records: list[Record], path: Path) -> Path | None:
         systems = system_order(list(part["system"].unique()))
         width = 0.8 / len(systems)
         for i, system in enumerate(systems):
-            values = [part[(part["system"] == system) & (part["budget"] == b)]["tokens_per_s"].max() for b in budgets]
-            ax.bar([j + i * width for j in range(len(budgets))], values, width, label=system)
+            runs = [part[(part["system"] == system) & (part["budget"] == b)] for b in budgets]
+            values = [r["tokens_per_s"].max() if len(r) else math.nan for r in runs]
+            errors = [spread(r.iloc[0].to_dict(), "tokens_per_s") if len(r) else math.nan for r in runs]
+            ax.bar([j + i * width for j in range(len(budgets))], values, width, label=system,
+                   yerr=_errors(errors), capsize=2, error_kw={"elinewidth": 0.8})
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(budgets))], [str(b) for b in budgets])
         ax.set_xlabel("GPU memory budget")
         ax.set_ylabel("throughput (tokens/s)")
-        ax.set_title(", ".join(f"{k}={v}" for k, v in zip(panel_keys, panel, strict=True)), fontsize=9)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Throughput by system and budget{timing_note(records)}")
+        ax.set_title(key_label(panel_keys, panel), fontsize=9)
+        legend_outside(ax)
+    fig.suptitle(f"Throughput by system and budget{timing_note(records)}; {ERROR_NOTE}", fontsize=10)
     return _save(fig, path)
 
 
-def _tau_groups(records: list[Record]) -> dict[tuple[Any, ...], list[Record]]:
-    groups: dict[tuple[Any, ...], list[Record]] = defaultdict(list)
-    for r in records:
-        if r.get("system") == "tide":
-            groups[(r["model"], r["gen_length"], r["block_length"], r["budget"], r.get("decode_cache"),
-                    r.get("migration"))].append(r)
-    return groups
-
-
 def tau_sweeps(records: list[Record], out: Path) -> list[Path]:
-    """One figure per group of tide runs that tried at least two integer taus."""
+    """One figure per group of tide runs (same row key, same tide options but tau) that tried
+    at least two integer taus; tau* from the group's latest tau=auto run."""
+    keyed = keyed_runs(records)
+    df = keyed.frame
+    if df.empty:
+        return []
+    groups: dict[tuple[Any, ...], list[Record]] = defaultdict(list)
+    for run in df[df["system_name"] == "tide"].to_dict("records"):
+        others = tuple(sorted((k, v) for k, v in (run.get("system_options") or {}).items() if k != "tau"))
+        groups[(*(run[k] for k in keyed.keys), run["system_label"], others)].append(run)
     written = []
-    for group, runs in _tau_groups(records).items():
-        fixed = sorted((r for r in runs if isinstance(r.get("tau"), int)), key=lambda r: (r["tau"], r["order"]))
-        by_tau = {r["tau"]: r for r in fixed}  # the latest run per tau
+    for group, runs in groups.items():
+        by_tau = {r["tau"]: r for r in sorted(runs, key=lambda r: r["order"]) if isinstance(r.get("tau"), int)}
         if len(by_tau) < 2:
             continue
         auto = [r for r in runs if not isinstance(r.get("tau"), int) and not math.isnan(r["tau_star"])]
         tau_star = max(auto, key=lambda r: r["order"])["tau_star"] if auto else None
-        taus = sorted(by_tau)
-        fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(7, 6), sharex=True)
-        top.plot(taus, [by_tau[t]["tokens_per_s"] for t in taus], marker="o")
-        top.set_ylabel("throughput (tokens/s)")
-        bottom.plot(taus, [100 * by_tau[t]["miss_rate"] for t in taus], marker="o", color="tab:red")
-        bottom.set_ylabel("miss rate (%)")
-        bottom.set_xlabel("refresh interval tau (denoising steps)")
-        if tau_star is not None:
-            for ax in (top, bottom):
-                ax.axvline(tau_star, linestyle="--", color="gray", label=f"tau* = {tau_star:g}")
-            top.legend(fontsize=8)
-        names = ("model", "gen", "block", "budget", "cache", "migration")
-        fig.suptitle(f"TIDE tau sweep{timing_note(fixed)}\n"
-                     + ", ".join(f"{n}={v}" for n, v in zip(names, group, strict=True)), fontsize=10)
-        written.append(_save(fig, out / f"tau_sweep_{_slug(group)}.png"))
+        written.append(_tau_figure(by_tau, tau_star, key_label(keyed.keys, group[: len(keyed.keys)]),
+                                   group, out))
     return written
+
+
+def _tau_figure(by_tau: dict[int, Record], tau_star: float | None, title: str, group: tuple[Any, ...],
+                out: Path) -> Path:
+    taus = sorted(by_tau)
+    runs = [by_tau[t] for t in taus]
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.errorbar(taus, [r["tokens_per_s"] for r in runs], yerr=_errors([spread(r, "tokens_per_s") for r in runs]),
+                 marker="o", capsize=2, label="tide")
+    top.set_ylabel("throughput (tokens/s)")
+    bottom.errorbar(taus, [100 * r["miss_rate"] for r in runs],
+                    yerr=_errors([100 * spread(r, "miss_rate") for r in runs]), marker="o", capsize=2,
+                    color="tab:red", label="tide")
+    bottom.set_ylabel("miss rate (%)")
+    bottom.set_xlabel("refresh interval tau (denoising steps)")
+    if tau_star is not None:
+        for ax in (top, bottom):
+            ax.axvline(tau_star, linestyle="--", color="gray", label=f"tau* = {tau_star:g}")
+    if powers_of_two(taus):
+        log2_axis(bottom, taus)
+    for ax in (top, bottom):
+        legend_outside(ax)
+    label, others = group[-2], ", ".join(f"{k}={v}" for k, v in group[-1])
+    fig.suptitle(f"TIDE tau sweep{timing_note(runs)}; {ERROR_NOTE}\n{title}, {label}"
+                 + (f", {others}" if others else ""), fontsize=9)
+    return _save(fig, out / f"tau_sweep_{_slug(group[:-1])}.png")
 
 
 def miss_by_step_in_block(series: list[dict[str, Any]]) -> dict[int, float]:
@@ -130,17 +195,14 @@ def miss_by_step_in_block(series: list[dict[str, Any]]) -> dict[int, float]:
 
 
 def miss_per_step(records: list[Record], out: Path) -> list[Path]:
-    """One figure per (model, gen, block, budget): a line per system that recorded a step series."""
-    import pandas as pd
-
-    df = pd.DataFrame(records)
-    if df.empty:
+    """One figure per row key: a line per system column that recorded a step series."""
+    keyed = keyed_runs(records)
+    if keyed.frame.empty:
         return []
-    keys = row_keys(df)
-    df = one_per_cell(df.assign(**{k: df[k].fillna("?") for k in keys}), keys)
     written = []
-    for group, part in df.groupby(keys, sort=True):
-        curves = {r["system"]: miss_by_step_in_block(r["step_series"]) for _, r in part.iterrows()}
+    for group, part in keyed.frame.groupby(keyed.keys, sort=True):
+        curves = {r["system"]: miss_by_step_in_block(r["step_series"]) for _, r in part.iterrows()
+                  if isinstance(r["step_series"], list)}
         curves = {s: c for s, c in curves.items() if c}
         if not curves:
             continue
@@ -152,8 +214,15 @@ def miss_per_step(records: list[Record], out: Path) -> list[Path]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("denoising step within the block")
         ax.set_ylabel("miss rate (%, mean over blocks)")
-        ax.legend(fontsize=8)
+        legend_outside(ax)
         ax.set_title(f"Miss rate per step{timing_note(part.to_dict('records'))}\n"
-                     + ", ".join(f"{k}={v}" for k, v in zip(keys, group, strict=True)), fontsize=10)
+                     + key_label(keyed.keys, group), fontsize=9)
         written.append(_save(fig, out / f"miss_per_step_{_slug(group)}.png"))
     return written
+
+
+def all_figures(records: list[Record], out: Path) -> list[Path]:
+    """Every figure the report draws for these runs (their PNGs; the PDF and SVG lie beside)."""
+    figures = [throughput_by_budget(records, out / "throughput.png"), *tau_sweeps(records, out),
+               *miss_per_step(records, out)]
+    return [f for f in figures if f is not None]

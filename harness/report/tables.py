@@ -2,19 +2,23 @@
 
 `python -m harness.report [--from-mlflow URI | --runs DIR ...] [--out DIR]` collects
 results (result.json files under run or sweep directories, or the runs of an MLflow
-store), and writes `report.md`, `report.csv` and the plots of `harness.report.plots`:
+store), and writes `report.md`, `report.csv` (wide), `report_long.csv` (tidy) and the
+figures of `harness.report.plots` (PNG, PDF and SVG each):
 
-  rows     (model, gen_length, block_length, budget), plus decode_cache / hardware when
-           the result set mixes them; report.md labels them as the paper does,
-           gen_length-B-budget (B: experts per layer, e.g. 256-64-10GB)
-  columns  one group per system (a system charged against its original's overlap is its
-           own column: tide with system.overlap=false is tide-sequential): tokens/s,
-           speedup over the best baseline in the row (baselines: fiddler, mixtral_offload;
-           gpu_only and oracle are references), miss rate, host-to-GPU GB, tau* (systems that
-           report one) and lossless
+  rows     (model, gen_length, block_length, budget) plus every other setting that differs
+           within the runs read (budget.gpu_gb, workload, weights, decode.threshold,
+           budget.scope, hardware.name, ...: harness/report/keys.py), each shown as a column;
+           report.md labels them as the paper does, gen_length-B-budget (B: experts per
+           layer, e.g. 256-64-10GB)
+  columns  one group per system, labelled with the options that differ between its runs
+           (`tide (tau=4)`; a system charged against its original's overlap is its own
+           column: tide with system.overlap=false is tide-sequential): tokens/s, speedup
+           over the best baseline in the row (baselines: fiddler, mixtral_offload as charged
+           by the original; gpu_only and oracle are references), miss rate, host-to-GPU GB,
+           tau* (systems that report one) and lossless
 
-One run per (row, system): the latest, except that a tide run with tau=auto is preferred
-over fixed-tau runs (those belong to tau sweeps, which get their own plot).
+Runs that agree on every setting are one measurement: the newer is used and a warning on
+stderr names the older.
 """
 
 from __future__ import annotations
@@ -32,15 +36,16 @@ import pandas as pd
 import yaml
 
 from harness.common.errors import HarnessError, OneLineParser, check_output_dir
+from harness.common.keyvalue import as_flags, program_name
 from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report import plots
+from harness.report.keys import Keyed, keyed_runs
 from harness.results.records import (
+    RECORD_METRICS,
     _int,
     _pct,
     _yes_no,
-    one_per_cell,
     record_from_result,
-    row_keys,
     system_order,
 )
 from harness.results.run_result import RunIdentity, RunResult, Timing
@@ -107,14 +112,25 @@ def _record_from_mlflow_run(client: Any, run: Any) -> dict[str, Any]:
     except Exception:  # no artifact: rebuild what the table needs from params, tags and metrics
         p, t = run.data.params, run.data.tags
         identity = RunIdentity(system=t.get("system"), model=t.get("model"), hardware=t.get("hardware"),
-                               decode_cache=t.get("decode_cache"))
-        config = {"decode": {"gen_length": _int(p.get("decode.gen_length")),
-                             "block_length": _int(p.get("decode.block_length"))},
-                  "system": {"tau": _int(p.get("system.tau")), "migration": p.get("system.migration"),
-                             "overlap": p.get("system.overlap")}}
+                               decode_cache=t.get("decode_cache"), weights=t.get("weights"))
+        config = config_from_params(p)
         result = RunResult(identity=identity, config=config, budget={"name": t.get("budget")},
                            metrics=dict(run.data.metrics), timing=Timing(t.get("timing")))
         return record_from_result(result, f"mlflow:{run_id}", order=order)
+
+
+def config_from_params(params: Mapping[str, str]) -> dict[str, Any]:
+    """The nested config back from MLflow's flattened params (`decode.gen_length` -> decode:
+    gen_length), with integers and booleans restored, so that the run's settings read as its
+    result.json's would."""
+    config: dict[str, Any] = {}
+    for key, text in params.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+        node[leaf] = {"True": True, "False": False, "null": None, "None": None}.get(text, _int(text))
+    return config
 
 
 # --------------------------------------------------------------------------- sweep summary
@@ -167,8 +183,10 @@ def sweep_table(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def with_speedups(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """speedup = tokens/s over the best baseline of the same row (NaN where the row has none)."""
-    best = df[df["system"].isin(BASELINES)].groupby(keys)["tokens_per_s"].max().rename("best_baseline")
+    """speedup = tokens/s over the best baseline of the same row (NaN where the row has none);
+    a baseline is fiddler or mixtral_offload charged as the original (its plain label)."""
+    baselines = df[df["system_label"].isin(BASELINES)]
+    best = baselines.groupby(keys)["tokens_per_s"].max().rename("best_baseline")
     out = df.join(best, on=keys)
     return out.assign(speedup=out["tokens_per_s"] / out["best_baseline"]).drop(columns="best_baseline")
 
@@ -176,20 +194,35 @@ def with_speedups(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def _order_key(index: pd.Index) -> pd.Index:
     if index.name == "budget":  # 10GB < 18GB < 30GB < custom
         return index.map(lambda b: (float(m.group(1)) if (m := re.match(r"([\d.]+)", str(b))) else math.inf, str(b)))
-    return index
+    return index.map(str)
 
 
 def paper_table(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows by row keys, columns (system, metric); tau* kept only for systems that report one."""
-    df = pd.DataFrame(records)
-    keys = row_keys(df)
-    df[keys] = df[keys].fillna("?")
-    df = with_speedups(one_per_cell(df, keys), keys)
+    """Rows by row keys (keys.py: the fixed ones and every differing setting), columns
+    (system, metric); tau* kept only for systems that report one."""
+    return pivot(keyed_runs(records))
+
+
+def pivot(keyed: Keyed) -> pd.DataFrame:
+    keys = keyed.keys
+    df = with_speedups(keyed.frame, keys)
     wide = df.pivot(index=keys, columns="system", values=TABLE_METRICS).swaplevel(axis=1)
     columns = [(s, m) for s in system_order(list(df["system"].unique())) for m in TABLE_METRICS
                if m != "tau_star" or wide[(s, m)].notna().any()]
     return wide.reindex(columns=pd.MultiIndex.from_tuples(columns, names=["system", "metric"])).sort_index(
         key=_order_key)
+
+
+def long_frame(keyed: Keyed) -> pd.DataFrame:
+    """The tidy table: one row per (row key, system, metric) with its value and the run it came
+    from; metrics a run does not report are left out."""
+    df = with_speedups(keyed.frame, keyed.keys)
+    metrics = [m for m in [*TABLE_METRICS, *RECORD_METRICS] if m in df and m not in keyed.keys]
+    metrics = list(dict.fromkeys(metrics))
+    long = df.melt(id_vars=[*keyed.keys, "system", "system_name", "source"], value_vars=metrics,
+                   var_name="metric", value_name="value")
+    long = long[long["value"].notna()]
+    return long.sort_values([*keyed.keys, "system", "metric"], key=lambda c: c.map(str), kind="stable")
 
 
 def flat_csv_frame(wide: pd.DataFrame) -> pd.DataFrame:
@@ -218,27 +251,27 @@ def markdown(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
 
 
-def experts_per_cell(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], Any]:
-    """(gen_length, budget) -> B, the experts per layer its runs held (the largest, if they differ)."""
-    out: dict[tuple[Any, Any], Any] = {}
-    for r in records:
-        b = r.get("experts")
-        if isinstance(b, int | float) and not (isinstance(b, float) and math.isnan(b)):
-            key = (r.get("gen_length"), r.get("budget"))
-            out[key] = max(int(b), out.get(key, 0))
-    return out
+def experts_per_row(keyed: Keyed) -> dict[tuple[Any, ...], Any]:
+    """Row key -> B, the experts per layer its runs held (the largest, if they differ)."""
+    df = keyed.frame
+    if "experts" not in df:
+        return {}
+    held = pd.to_numeric(df["experts"], errors="coerce")
+    best = held.groupby([df[k] for k in keyed.keys]).max().dropna()
+    return {(k if isinstance(k, tuple) else (k,)): int(v) for k, v in best.items()}
 
 
-def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, Any], Any] | None = None) -> str:
+def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, ...], Any] | None = None) -> str:
     """The table; rows labelled gen_length-B-budget (the paper's cells) in a first column
-    that replaces the gen and budget columns."""
+    that replaces the gen and budget columns; every other row key is a column of its own."""
     keys = list(wide.index.names)
     rest = [k for k in keys if k not in ("gen_length", "budget")]
     headers = ["cell", *(LABELS.get(k, k) for k in rest)] + [f"{s} {LABELS[m]}" for s, m in wide.columns]
     rows = []
     for idx, row in wide.iterrows():
-        at = dict(zip(keys, idx if isinstance(idx, tuple) else (idx,), strict=True))
-        b = (experts or {}).get((at["gen_length"], at["budget"]), "?")
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        at = dict(zip(keys, idx, strict=True))
+        b = (experts or {}).get(idx, "?")
         rows.append([f"{at['gen_length']}-{b}-{at['budget']}", *(str(at[k]) for k in rest)]
                     + [_cell(m, row[(s, m)]) for s, m in wide.columns])
     return markdown(headers, rows)
@@ -254,15 +287,20 @@ def sweep_markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
+    """report.md, report.csv (wide: a row per row key, `<system>.<metric>` columns),
+    report_long.csv (tidy: a row per row key, system and metric) and the figures; the
+    warnings about same-key runs are printed on stderr once."""
     out.mkdir(parents=True, exist_ok=True)
-    wide = paper_table(records)
-    text = paper_markdown(wide, experts_per_cell(records)) + routing_markdown(records)
+    keyed = keyed_runs(records)
+    for line in keyed.warnings:
+        print(line, file=sys.stderr)
+    wide = pivot(keyed)
+    text = paper_markdown(wide, experts_per_row(keyed)) + routing_markdown(records)
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
-    figures = [plots.throughput_by_budget(records, out / "throughput.png"), *plots.tau_sweeps(records, out),
-               *plots.miss_per_step(records, out)]
-    return text, [f for f in figures if f is not None]
+    long_frame(keyed).to_csv(out / "report_long.csv", index=False)
+    return text, plots.all_figures(records, out)
 
 
 ROUTING_KEYS = ["model", "weights", "decode_cache", "gen_length", "block_length"]
@@ -301,13 +339,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+REPORT_FLAGS = {"from_mlflow": "--from-mlflow", "experiment": "--experiment", "runs": "--runs", "out": "--out"}
+
+
+def report_parser() -> OneLineParser:
+    prog = program_name("python -m harness.report")
+    parser = OneLineParser(
+        prog=prog, description="paper-style table, tidy CSV and figures from finished runs",
+        usage=f"{prog} [runs=DIR ...] [from_mlflow=URI] [experiment=NAME ...] [out=DIR]",
+        epilog="Arguments are key=value, as every harness command takes them (the --flags below are the same "
+               "options). Example: harness-report runs=outputs/multirun out=outputs/report")
+    parser.add_argument("--from-mlflow", metavar="URI", help="from_mlflow=URI: read the runs of this tracking store")
+    parser.add_argument("--experiment", action="append", help="experiment=NAME: only this MLflow experiment "
+                                                              "(repeatable)")
+    parser.add_argument("--runs", nargs="+", action="extend", type=Path, metavar="DIR",
+                        help="runs=DIR: run or sweep dirs (repeatable; default: outputs)")
+    parser.add_argument("--out", type=Path, default=Path("outputs/report"), help="out=DIR: output dir "
+                                                                                 "(default: %(default)s)")
+    return parser
+
+
 def run_report(argv: list[str]) -> int:
-    parser = OneLineParser(prog="python -m harness.report", description="paper-style table and plots")
-    parser.add_argument("--from-mlflow", metavar="URI", help="read the runs of this tracking store")
-    parser.add_argument("--experiment", action="append", help="only these MLflow experiments (repeatable)")
-    parser.add_argument("--runs", nargs="+", type=Path, metavar="DIR", help="run or sweep dirs (default: outputs)")
-    parser.add_argument("--out", type=Path, default=Path("outputs/report"), help="output dir (default: %(default)s)")
-    args = parser.parse_args(argv)
+    parser = report_parser()
+    args = parser.parse_args(as_flags(argv, REPORT_FLAGS))
     if args.from_mlflow and args.runs:
         parser.error("use either --from-mlflow or --runs")
     check_output_dir(args.out, "--out")
@@ -327,7 +381,8 @@ def run_report(argv: list[str]) -> int:
         raise HarnessError(f"no runs found in {where}")
     text, figures = write_report(records, args.out)
     print(text, end="")
-    print(f"wrote {args.out}/report.md, report.csv and {len(figures)} plot(s) from {len(records)} runs")
+    print(f"wrote {args.out}/report.md, report.csv, report_long.csv and {len(figures)} figure(s) "
+          f"(PNG, PDF, SVG each) from {len(records)} runs")
     return 0
 
 

@@ -1,23 +1,29 @@
 """Records: one flat row per finished run (what identifies it, its headline metrics,
 its step series), the one-line summary of a record, and the rules that shape a table of
-records (row keys, one run per cell, the systems' order). harness/report/tables.py builds the
+records (the systems' order; harness/report/keys.py keys the rows). harness/report/tables.py builds the
 tables and plots from them, harness/report/plots.py draws them, harness/job/resume.py and the sweep
 callback print the line; a leaf below all three."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
-import pandas as pd
-
-from harness.results.run_result import RunResult
+from harness.decode.workload import workload_record
+from harness.results.run_result import RunResult, flatten
 from systems.registry import REGISTRY, SYSTEM_CONFIGS
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 
-OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
+# config keys that say where a run kept things or how it printed, not what it measured; the
+# row keys above (model.name, ...) and the resolved identity fields that replace a config key
+# (weights for model.weights, backend for the configured one) are left out too
+NOT_SETTINGS = ("tracking.", "hydra.", "system.", "workload.", "calibration.")
+NOT_SETTING_KEYS = {"cache_dir", "show_text", "resume", "block", "backend", "trace.record", "model.weights",
+                    "model.name", "decode.gen_length", "decode.block_length", "budget.name"}
 
 # the registry's order, each system followed by its name when charged against its default overlap
 SYSTEM_ORDER = [label for entry in REGISTRY.values() for label in entry.report_labels]
@@ -65,10 +71,76 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "hardware": ident.hardware, "weights": ident.weights,
         "step_series": result.step_series,
         "routing": result.routing,
+        "system_name": ident.system or system.get("name"),
+        "settings": run_settings(result),
+        "system_options": {k: setting_text(v) for k, v in flatten(system).items() if k not in ("name", "overlap")},
+        "per_prompt": per_prompt(result),
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)
     return record
+
+
+def setting_text(value: Any) -> str:
+    """One canonical text per value, so a result.json's 32 and an MLflow param's "32" compare equal."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def run_settings(result: RunResult) -> dict[str, str]:
+    """Every setting of a run besides its system and the fixed row keys: the flattened config
+    (budget.gpu_gb, decode.threshold, hardware.name, ...), the workload by name and prompt digest,
+    the calibration prompts by digest, and the resolved weights, timing and backend."""
+    config = result.config
+    measured = result.timing.kind == "measured"  # timing.warmup/repeats change nothing a model charges
+    settings = {k: setting_text(v) for k, v in flatten(config).items()
+                if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTING_KEYS
+                and (measured or not k.startswith("timing."))}
+    workload = workload_of({"workload": result.workload, "config": config})
+    if workload:
+        settings["workload"] = f"{workload.get('name')} ({workload.get('digest')}, {workload.get('prompts')} prompts)"
+    elif config.get("workload"):
+        settings["workload"] = f"{(config['workload'] or {}).get('name')} ({_digest(config['workload'])})"
+    if (config.get("calibration") or {}).get("prompts"):
+        settings["calibration"] = _digest(config["calibration"]["prompts"])
+    ident = result.identity
+    settings.update(weights=setting_text(ident.weights), timing=result.timing.kind,
+                    backend=setting_text(ident.backend or config.get("backend")))
+    return settings
+
+
+def per_prompt(result: RunResult) -> list[dict[str, float]]:
+    """Each prompt's modeled tokens/s (its generated tokens over the modeled time of its
+    forwards) and miss rate, from the step series and the decoded outputs; empty where the
+    result has no per-prompt series (older results, replays without outputs)."""
+    time_s: dict[int, float] = {}
+    routed: dict[int, float] = {}
+    missed: dict[int, float] = {}
+    for point in result.step_series:
+        if not isinstance(point.get("prompt"), int):
+            return []
+        p = point["prompt"]
+        time_s[p] = time_s.get(p, 0.0) + float(point.get("modeled_latency_s") or 0.0)
+        routed[p] = routed.get(p, 0.0) + float(point.get("routed_pairs") or 0.0)
+        missed[p] = missed.get(p, 0.0) + float(point.get("missed_pairs") or 0.0)
+    outputs = result.decoded.outputs if result.decoded is not None else []
+    rows = []
+    for p in sorted(time_s):
+        row = {"prompt": float(p), "miss_rate": missed[p] / routed[p] if routed[p] else math.nan,
+               "tokens_per_s": math.nan}
+        if p < len(outputs) and time_s[p] > 0 and result.timing.kind == "modeled":
+            row["tokens_per_s"] = float(outputs[p].get("n_generated", 0)) / time_s[p]
+        rows.append(row)
+    return rows
 
 
 def compact_line(record: Mapping[str, Any], label: str = "") -> str:
@@ -93,16 +165,30 @@ def _int(value: Any) -> Any:
     return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
 
 
-def row_keys(df: pd.DataFrame) -> list[str]:
-    """The fixed row keys, plus the optional ones that take more than one value here."""
-    return ROW_KEYS + [k for k in OPTIONAL_ROW_KEYS if k in df and df[k].nunique(dropna=False) > 1]
-
-
-def one_per_cell(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    fixed_tau = (df["system"] == "tide") & df["tau"].map(lambda t: isinstance(t, int))
-    ranked = df.assign(_preferred=~fixed_tau).sort_values(["_preferred", "order"], kind="stable")
-    return ranked.drop_duplicates([*keys, "system"], keep="last").drop(columns="_preferred")
-
-
 def system_order(systems: list[str]) -> list[str]:
-    return [s for s in SYSTEM_ORDER if s in systems] + sorted(s for s in systems if s not in SYSTEM_ORDER)
+    """The paper's order of systems; a column labelled with options (`tide (tau=4)`) follows its
+    system's place, then the label's order."""
+
+    def rank(label: str) -> tuple[int, str]:
+        base = label.split(" (", 1)[0]
+        return (SYSTEM_ORDER.index(base) if base in SYSTEM_ORDER else len(SYSTEM_ORDER), label)
+
+    return sorted(dict.fromkeys(systems), key=rank)
+
+
+def workload_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The result's workload record; for a result.json written before runs recorded one, the
+    record of a built-in prompt list in its config (a prompts file may have changed since)."""
+    if result.get("workload"):
+        return dict(result["workload"])
+    config = result.get("config") or {}
+    workload = config.get("workload") or {}
+    prompts = [str(p) for p in workload.get("prompts") or []]
+    if workload.get("path") or not prompts or source_is_trace_file(config):
+        return None
+    return workload_record(workload, prompts[: config.get("limit_prompts") or None])
+
+
+def source_is_trace_file(config: Mapping[str, Any]) -> bool:
+    """A replay of an explicit trace decoded the trace's prompts, not the configured ones."""
+    return config.get("source") == "trace" and bool((config.get("trace") or {}).get("path"))

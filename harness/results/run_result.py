@@ -26,10 +26,22 @@ from typing import Any
 from harness.common.files import read_json, write_json_atomic
 from harness.traces.routing_stats import routing_metrics
 
-SCHEMA = 1
+SCHEMA = 2  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
 OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from")  # written only when set
+
+
+# numbers in `metrics` that the config, the budget and the model fix before the run starts:
+# MLflow gets them as params (one value, searchable), not as single-point metric charts
+CONSTANT_METRICS = frozenset({
+    "experts_per_layer", "experts_per_layer_derived", "budget_gb", "n_gpus", "capacity", "prompts",
+    "steps_per_block", "c_io_s", "c_cu_s",
+})
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class DuplicateMetricError(ValueError):
@@ -89,6 +101,9 @@ class RunResult:
     decoded: DecodedOutputs | None = None
     workload: dict[str, Any] | None = None  # the prompts decoded (MLflow's dataset input)
     routing: dict[str, Any] | None = None  # routing statistics of the recorded trace, with their uniform values
+    run_dir: Path | None = field(default=None, compare=False, repr=False)  # where it lies; not written
+    started_at: float | None = None  # unix time (s) the job started; older results: None
+    finished_at: float | None = None  # unix time (s) its result was complete
     schema: int = SCHEMA
 
     # ------------------------------------------------------------------ the flat metrics
@@ -127,6 +142,8 @@ class RunResult:
             out["workload"] = self.workload
         if self.routing is not None:
             out["routing"] = self.routing
+        if self.started_at is not None:
+            out.update(started_at=self.started_at, finished_at=self.finished_at)
         return out
 
     def save_json(self, path: str | Path) -> Path:
@@ -157,6 +174,7 @@ class RunResult:
                    versions=dict(data.get("versions") or {}), step_series=list(data.get("step_series") or []),
                    decoded=decoded, workload=data.get("workload") if isinstance(data.get("workload"), dict) else None,
                    routing=dict(routing) if routing is not None else None,
+                   started_at=_seconds(data.get("started_at")), finished_at=_seconds(data.get("finished_at")),
                    schema=int(data.get("schema", SCHEMA)))
 
     @classmethod
@@ -164,7 +182,9 @@ class RunResult:
         data = read_json(path)
         if not isinstance(data, Mapping):
             raise ValueError(f"{path} holds no result object")
-        return cls.from_dict(data)
+        result = cls.from_dict(data)
+        result.run_dir = Path(path).parent
+        return result
 
     def __getitem__(self, key: str) -> Any:
         """Read-only access by result.json key (e.g. result["metrics"]), for callers that
@@ -196,8 +216,10 @@ class RunResult:
         speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({ident.source})"
         overlap = (self.config.get("system") or {}).get("overlap")
         charging = "" if overlap is None else f" overlap={str(bool(overlap)).lower()}"
+        charged = "; charged as itself, a smoke-test model: copies cost ~nothing, tokens/s does not rank systems" \
+            if (self.config.get("model") or {}).get("nominal") == "proxy" else ""
         lines = [
-            f"[{ident.system}] model={ident.model} ({ident.weights} weights) budget={b['name']} "
+            f"[{ident.system}] model={ident.model} ({ident.weights} weights{charged}) budget={b['name']} "
             f"B={b['experts_per_layer']} cache={ident.decode_cache} hardware={ident.hardware}{charging}: "
             f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | "
             f"{speed} | miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens "
@@ -210,9 +232,14 @@ class RunResult:
     # ------------------------------------------------------------------ MLflow
 
     def to_mlflow(self, run_dir: Path, config_hash: str | None, git_commit: str) -> MlflowRecord:
-        """What tracking logs for this run: params, metrics, per-step series and tags."""
-        metrics = {k: float(v) for k, v in self.flat_metrics().items() if isinstance(v, int | float)}
-        return MlflowRecord(params=run_params(self.config), metrics=metrics, series=list(self.series_points()),
+        """What tracking logs for this run: params (the config, and the numbers that the config
+        and the model fix rather than the run measures: CONSTANT_METRICS), metrics, per-step
+        series and tags."""
+        numbers = {k: v for k, v in self.flat_metrics().items() if isinstance(v, int | float)}
+        params = run_params(self.config)
+        params.update({k: param_value(v) for k, v in numbers.items() if k in CONSTANT_METRICS and k not in params})
+        metrics = {k: float(v) for k, v in numbers.items() if k not in CONSTANT_METRICS}
+        return MlflowRecord(params=params, metrics=metrics, series=list(self.series_points()),
                             tags=self.mlflow_tags(run_dir, config_hash, git_commit))
 
     def series_points(self) -> Iterator[tuple[str, float, int]]:

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from harness.common.files import read_json, write_json_atomic
 from harness.tracking.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, experiment_tags
+from harness.tracking.mlflow_view import ensure_results_view
 
 BATCH_METRICS = 1000  # MLflow's per-call limits
 BATCH_PARAMS = 100
@@ -173,11 +174,20 @@ def default_artifact_root(uri: str, artifact_root: str | None = None) -> str | N
 
 def ensure_experiment(client: Any, name: str, artifact_root: str | None) -> str:
     """The experiment's id, created if missing, with the harness's experiment tags (the kind
-    that opens the MLflow UI on the runs table, harness/tracking/mlflow_ui.py)."""
+    that opens the MLflow UI on the runs table, harness/tracking/mlflow_ui.py) and its saved
+    view "Results" (harness/tracking/mlflow_view.py)."""
     found = client.get_experiment_by_name(name)
     if found is not None:
         declare_kind(client, found)
-        return found.experiment_id
+        experiment_id = found.experiment_id
+    else:
+        experiment_id = _create_experiment(client, name, artifact_root)
+    with contextlib.suppress(Exception):  # a store that refuses experiment tags still takes the run
+        ensure_results_view(client, experiment_id)
+    return experiment_id
+
+
+def _create_experiment(client: Any, name: str, artifact_root: str | None) -> str:
     location = Path(artifact_root, name).resolve().as_uri() if artifact_root and "://" not in artifact_root \
         else (f"{artifact_root.rstrip('/')}/{name}" if artifact_root else None)
     try:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+
+from harness.tracking.mlflow_view import VIEW_PARAM
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # the UI's "Machine learning" kind: runs table first
@@ -39,15 +41,25 @@ def experiment_tags() -> dict[str, str]:
     return {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
 
 
+def ui_base(uri: str, ui_url: str = "http://127.0.0.1:5000") -> str:
+    """The UI that serves `uri`: a server URI is its own UI; a SQLite file needs `mlflow ui`,
+    by default on 127.0.0.1:5000."""
+    return (uri if uri.startswith(("http://", "https://")) else ui_url).rstrip("/")
+
+
 def runs_page_link(uri: str, experiment_id: str, ui_url: str = "http://127.0.0.1:5000") -> str:
-    """The URL of an experiment's runs table in the UI that serves `uri` (a server URI is its
-    own UI; a SQLite file needs `mlflow ui`, by default on 127.0.0.1:5000)."""
-    base = uri if uri.startswith(("http://", "https://")) else ui_url
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{WORKFLOW_PARAM}"
+    """The URL of an experiment's runs table, in the harness's saved view "Results"
+    (harness/tracking/mlflow_view.py: the result columns shown)."""
+    return f"{ui_base(uri, ui_url)}/#/experiments/{experiment_id}/runs?{VIEW_PARAM}&{WORKFLOW_PARAM}"
+
+
+def run_page_link(uri: str, experiment_id: str, run_id: str, ui_url: str = "http://127.0.0.1:5000") -> str:
+    """The URL of one run's page."""
+    return f"{ui_base(uri, ui_url)}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def ui_hint(uri: str, experiment_id: str) -> str:
-    """One line telling where to compare a sweep's runs."""
+    """One line telling where to compare a sweep's runs (in the saved view "Results")."""
     link = runs_page_link(uri, experiment_id)
     if uri.startswith(("http://", "https://")):
         return f"compare the runs in the MLflow UI: {link}"
@@ -83,10 +95,33 @@ def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
     return parsed
 
 
-def parent_run_name(swept: Sequence[str], started: datetime) -> str:
-    """`sweep 2026-11-30 18:33 system=tide,fiddler budget=10GB,18GB`."""
-    name = " ".join([f"sweep {started:%Y-%m-%d %H:%M}", *swept])
+def parent_run_name(swept: Sequence[str], started: datetime, models: Iterable[str] = ()) -> str:
+    """What the sweep varies first, then the model(s) unless swept, then when it started:
+    `system=tide,fiddler × budget=10GB,18GB · mini · 2026-11-30 18:33` (the runs table cuts
+    long names: the end is the part to lose)."""
+    varies = " × ".join(swept) or "sweep"
+    model_swept = any(o.split("=", 1)[0].lstrip("+~") in ("model", "model.name") for o in swept)
+    parts = [varies, *([",".join(sorted(models))] if models and not model_swept else []), f"{started:%Y-%m-%d %H:%M}"]
+    return _cut(" · ".join(parts))
+
+
+def _cut(name: str) -> str:
     return name if len(name) <= RUN_NAME_MAX_CHARS else name[: RUN_NAME_MAX_CHARS - 3] + "..."
+
+
+def child_run_name(system: Any, budget: Any, model: Any, swept: Mapping[str, str]) -> str:
+    """`tide-10GB-mini system.tau=4 decode.threshold=0.9`: the job and every value its sweep
+    varies that the first part does not already say."""
+    head = "-".join(str(x) for x in (system, budget, model) if x)
+    named = {"system", "system.name", "budget", "budget.name", "model", "model.name"}
+    rest = " ".join(f"{k}={v}" for k, v in swept.items() if k not in named)
+    return _cut(f"{head} {rest}" if rest else head)
+
+
+def swept_keys(overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None = None) -> list[str]:
+    """The keys a sweep varies (without +/~), from its command line and its sweeper's grid."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in swept_overrides(overrides, sweeper_params)]
+    return [k for k in keys if k != "experiment"]
 
 
 def sweep_command(overrides: Sequence[str], hydra_overrides: Sequence[str] = ()) -> str:
@@ -112,8 +147,9 @@ def parent_description(command: str, summary_md: str | None = None, note: str | 
     if summary_md is None:
         return _cap(head + "\nThe summary table appears here when the sweep ends.\n")
     head += "\n**Summary** (modeled throughput unless `timing` says measured; children hold each job's run)\n\n"
-    tail = ("\nArtifacts: `sweep_summary.md`, `sweep_summary.csv`, `plots/throughput.png`. "
-            "Compare the children in the Chart view (docs/tracking.md, *Comparing runs in the MLflow UI*).\n")
+    tail = ("\nArtifacts: `sweep_summary.md`, `sweep_summary.csv`, and under `plots/` every figure the report "
+            "draws for this sweep (throughput, tau sweeps, miss rate per step; PNG, PDF and SVG). Compare the "
+            "children in the Chart view (docs/tracking.md, *Comparing runs in the MLflow UI*).\n")
     lines = summary_md.rstrip("\n").split("\n")
     for keep in range(len(lines), 1, -1):
         cut = "" if keep == len(lines) else f"\n({len(lines) - keep} more rows in sweep_summary.md)\n"
@@ -135,8 +171,11 @@ def child_description(result: Mapping[str, Any]) -> str:
     metrics = result.get("metrics") or {}
     budget = (result.get("budget") or {}).get("name") or "?"
     timing = result.get("timing") or "modeled"
+    nominal = ((result.get("config") or {}).get("model") or {}).get("nominal")
+    itself = (", charged as itself, a smoke-test model: its copies cost almost nothing, so tokens/s does not "
+              "rank systems") if nominal == "proxy" else ""
     parts = [f"**{result.get('system')}** at budget {budget} on `{result.get('model')}` "
-             f"({result.get('weights')} weights, {timing} timing on {result.get('hardware')})"]
+             f"({result.get('weights')} weights, {timing} timing on {result.get('hardware')}{itself})"]
     figures = []
     if isinstance(metrics.get("tokens_per_s"), int | float):
         figures.append(f"{metrics['tokens_per_s']:.1f} tokens/s ({timing})")

@@ -6,12 +6,9 @@ result's workload record. A leaf below harness/job/mlflow_log.py (logging), harn
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
-from harness.decode.workload import workload_record
 from harness.tracking.mlflow_store import find_marker
 from harness.tracking.settings import TrackingConfig
 
@@ -43,24 +40,6 @@ def git_commit() -> str:
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def workload_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The result's workload record; for a result.json written before runs recorded one, the
-    record of a built-in prompt list in its config (a prompts file may have changed since)."""
-    if result.get("workload"):
-        return dict(result["workload"])
-    config = result.get("config") or {}
-    workload = config.get("workload") or {}
-    prompts = [str(p) for p in workload.get("prompts") or []]
-    if workload.get("path") or not prompts or source_is_trace_file(config):
-        return None
-    return workload_record(workload, prompts[: config.get("limit_prompts") or None])
-
-
-def source_is_trace_file(config: Mapping[str, Any]) -> bool:
-    """A replay of an explicit trace decoded the trace's prompts, not the configured ones."""
-    return config.get("source") == "trace" and bool((config.get("trace") or {}).get("path"))
 
 
 def parent_run_id(sweep_dir: str | Path, uri: str) -> str | None:

@@ -28,6 +28,7 @@ dir is first ended KILLED with `harness.ended=abandoned`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import platform
@@ -42,6 +43,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from harness.common.files import read_json
+from harness.results.records import workload_of
 from harness.results.run_result import param_value
 from harness.tracking.mlflow_store import (
     add_marker,
@@ -59,8 +61,10 @@ from harness.tracking.mlflow_ui import (
     parent_description,
     parent_run_name,
     sweep_command,
+    swept_keys,
     swept_overrides,
 )
+from harness.tracking.mlflow_view import ensure_results_view, swept_params
 from harness.tracking.run_files import (
     PARENT_MARKER,
     RESULT_FILE,
@@ -68,25 +72,31 @@ from harness.tracking.run_files import (
     git_commit,
     parent_run_id,
     result_dirs,
-    workload_of,
+    sweep_dir_of,
 )
 from harness.tracking.settings import TrackingConfig
 
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")  # harness/report/plots.py writes each figure in all three
 ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned (parent runs)
 RESUMES_TAG = "harness.resumes"
 
 
 def start_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str], overrides: list[str],
-                     name: str | None = None, description: str | None = None) -> str:
+                     name: str | None = None, description: str | None = None,
+                     swept: list[str] | None = None) -> str:
     """Create a sweep's parent run and record its id in the sweep dir; raises on failure.
     Its name says what the sweep varies and when it started, its description (markdown)
-    holds the command (defaults: from the overrides, now)."""
+    holds the command (defaults: from the overrides, now); the experiment's saved view gets
+    a column for each param the sweep varies (`swept`, default: the overrides' sweeps)."""
     client = open_store(tracking.uri, tracking.timeout_s)
     root = default_artifact_root(tracking.uri, tracking.artifact_root)
     experiment_id = ensure_experiment(client, experiment_name(tracking, models), root)
+    swept = swept_overrides(overrides) if swept is None else swept
+    with contextlib.suppress(Exception):  # the columns are a convenience; the sweep goes on without them
+        ensure_results_view(client, experiment_id, swept_params(swept))
     tags = {"harness.kind": "sweep", "sweep_dir": str(sweep_dir.resolve()), "git_commit": git_commit(),
             "machine": platform.node(),
-            "mlflow.runName": name or parent_run_name(swept_overrides(overrides), datetime.now()),
+            "mlflow.runName": name or parent_run_name(swept, datetime.now(), models),
             NOTE_TAG: description or parent_description(sweep_command(overrides))}
     run = client.create_run(experiment_id, run_name=tags["mlflow.runName"], tags=tags)
     client.log_param(run.info.run_id, "sweep", param_value(" ".join(overrides)))
@@ -94,18 +104,42 @@ def start_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str]
     return run.info.run_id
 
 
-def recorded_sweep(sweep_dir: Path) -> tuple[str, str]:
-    """(parent run name, command) of a sweep that ran without a parent run, from the
-    multirun.yaml Hydra wrote when it started (push of a sweep that never reached the store)."""
-    path = sweep_dir / "multirun.yaml"
-    hydra = OmegaConf.load(path).get("hydra") or {}
+def _multirun_record(sweep_dir: Path) -> tuple[list[str], dict[str, Any], list[str]]:
+    """(task overrides, sweeper grid, Hydra overrides) from the multirun.yaml Hydra wrote into
+    the sweep dir when the sweep started."""
+    hydra = OmegaConf.load(sweep_dir / "multirun.yaml").get("hydra") or {}
     recorded = hydra.get("overrides") or {}
-    overrides = [str(o) for o in recorded.get("task") or []]
     params = (hydra.get("sweeper") or {}).get("params")
-    params = OmegaConf.to_container(params) if params else {}
-    started = datetime.fromtimestamp(path.stat().st_mtime)
-    command = sweep_command(overrides, [str(o) for o in recorded.get("hydra") or []])
-    return parent_run_name(swept_overrides(overrides, params), started), command
+    grid = dict(OmegaConf.to_container(params)) if params else {}
+    return [str(o) for o in recorded.get("task") or []], grid, [str(o) for o in recorded.get("hydra") or []]
+
+
+def recorded_sweep(sweep_dir: Path, models: set[str] | None = None) -> tuple[str, str]:
+    """(parent run name, command) of a sweep that ran without a parent run, from its
+    multirun.yaml (push of a sweep that never reached the store)."""
+    overrides, grid, hydra = _multirun_record(sweep_dir)
+    started = datetime.fromtimestamp((sweep_dir / "multirun.yaml").stat().st_mtime)
+    return parent_run_name(swept_overrides(overrides, grid), started, models or ()), sweep_command(overrides, hydra)
+
+
+def job_swept_values(run_dir: Path) -> dict[str, str]:
+    """The values this job of a sweep takes for every key the sweep varies ({} outside a
+    sweep, or when Hydra's records are missing), from the sweep's multirun.yaml and the job's
+    .hydra/overrides.yaml: what its child run's name carries."""
+    sweep_dir = sweep_dir_of(run_dir)
+    try:
+        overrides, grid, _ = _multirun_record(sweep_dir) if sweep_dir is not None else ([], {}, [])
+        job = OmegaConf.load(run_dir / ".hydra" / "overrides.yaml") if sweep_dir is not None else []
+    except (OSError, ValueError):
+        return {}
+    values = dict(str(o).split("=", 1) for o in job if "=" in str(o))
+    values = {k.lstrip("+~"): v for k, v in values.items()}
+    return {k: values[k] for k in swept_keys(overrides, grid) if k in values}
+
+
+def sweep_figures(sweep_dir: Path) -> list[Path]:
+    """The figures the sweep's end drew into its dir (each as PNG, PDF and SVG)."""
+    return sorted(p for p in sweep_dir.iterdir() if p.suffix in FIGURE_SUFFIXES and p.is_file())
 
 
 def workloads_in(sweep_dir: Path) -> list[Mapping[str, Any]]:
@@ -120,8 +154,8 @@ def workloads_in(sweep_dir: Path) -> list[Mapping[str, Any]]:
 
 
 def open_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str], overrides: list[str],
-                    resume: bool = False, name: str | None = None, description: str | None = None
-                    ) -> tuple[str, bool]:
+                    resume: bool = False, name: str | None = None, description: str | None = None,
+                    swept: list[str] | None = None) -> tuple[str, bool]:
     """The sweep's parent run: (run id, reused). With resume, an unfinished parent recorded in
     this sweep dir is reused (its name kept); otherwise a new one is started (module docstring)."""
     client = open_store(tracking.uri, tracking.timeout_s)
@@ -137,7 +171,7 @@ def open_parent_run(tracking: TrackingConfig, sweep_dir: Path, models: set[str],
         return run_id, True
     if previous is not None and previous.info.status == "RUNNING":  # its process died without a word
         end_parent_run(tracking, previous.info.run_id, "KILLED", "abandoned")
-    return start_parent_run(tracking, sweep_dir, models, overrides, name, description), False
+    return start_parent_run(tracking, sweep_dir, models, overrides, name, description, swept), False
 
 
 def discard_orphans(client: Any, experiment_id: str, parent_id: str) -> None:
@@ -161,15 +195,19 @@ def _previous_parent(client: Any, sweep_dir: Path, uri: str) -> Any:
 
 
 def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], metrics: dict[str, float],
-                      description: str | None = None, workloads: Sequence[Mapping[str, Any]] = ()) -> None:
-    """Log the summary (artifacts, metrics, the description with its table, the workloads its
-    jobs decoded as dataset inputs) and end the parent run FINISHED."""
+                      description: str | None = None, workloads: Sequence[Mapping[str, Any]] = (),
+                      tags: Mapping[str, str] | None = None) -> None:
+    """Log the summary (artifacts: the figures under plots/, metrics, tags such as the best
+    system, the description with its table, the workloads its jobs decoded as dataset
+    inputs) and end the parent run FINISHED."""
     client = open_store(tracking.uri, tracking.timeout_s)
     for path in files:
         if path.is_file():
-            client.log_artifact(run_id, str(path), "plots" if path.suffix == ".png" else None)
+            client.log_artifact(run_id, str(path), "plots" if path.suffix in FIGURE_SUFFIXES else None)
     for key, value in metrics.items():
         client.log_metric(run_id, key, value)
+    for key, value in (tags or {}).items():
+        client.set_tag(run_id, key, value)
     if description:
         client.set_tag(run_id, NOTE_TAG, description)
     if workloads:  # the same dataset as the children, so the dataset filter keeps the parent too

@@ -277,7 +277,7 @@ def test_a_device_run_goes_through_the_executor_with_a_per_backend_reference(tmp
 
     monkeypatch.setattr(HybridExecutor, "close", closing)
     cfg = compose_checked([*TINY, "system=fiddler", f"cache_dir={cache}", "tracking.enabled=false",
-                           "backend=standin"])
+                           "backend=standin", "timing.warmup=1", "timing.repeats=2"])
     result = run_job(cfg, tmp_path / "run")
     m = result["metrics"]
     assert result["timing"] == "measured" and result["backend"] == "standin"
@@ -286,14 +286,22 @@ def test_a_device_run_goes_through_the_executor_with_a_per_backend_reference(tmp
     assert m["measured_host_plan_s"] > 0 and m["measured_host_engine_s"] > 0
     assert m["measured_host_plan_s"] + m["measured_host_engine_s"] < m["measured_time_s"]
     assert m["lossless"] == 1 and m["token_match_rate"] == 1.0
-    assert m["tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["measured_time_s"])
+    # one warm-up decode, two measured: tokens/s is the median rate of the two repeats
+    assert m["measured_warmup"] == 1 and m["measured_repeats"] == 2
+    assert m["measured_time_s_p50"] <= m["measured_time_s_p90"]
+    assert m["tokens_per_s"] == m["measured_tokens_per_s_p50"] <= m["measured_tokens_per_s_p90"]
+    last = m["measured_time_s"]  # the last repeat's time; the median of two gives the other one
+    other = 2 * m["measured_time_s_p50"] - last
+    low, high = sorted([last, other])
+    assert other > 0 and m["measured_time_s_p90"] == pytest.approx(low + 0.9 * (high - low))
     assert m["modeled_tokens_per_s"] == pytest.approx(m["generated_tokens"] / m["modeled_time_s"])
     assert all("measured_s" in s for s in result["step_series"])
     prompts = harness.job.live.load_prompts(cfg.workload, cfg.limit_prompts)
     cpu_key = harness.job.live.artifact_key(cfg, cfg.decode, prompts)
     assert len(list((cache / "reference").iterdir())) == 1  # the stand-in's own, not the cpu backend's
     assert cpu_key not in {p.stem for p in (cache / "reference").iterdir()}
-    assert closed == ["gpu_only", "gpu_only", "fiddler"]  # calibration, reference, the run: all on the device
+    # calibration, reference, then the run's warm-up and two repeats: all on the device
+    assert closed == ["gpu_only", "gpu_only", "fiddler", "fiddler", "fiddler"]
     on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
     assert on_disk["timing"] == "measured"
 

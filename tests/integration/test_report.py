@@ -95,7 +95,10 @@ def test_paper_table_pivot_and_speedups(runs_dir: Path) -> None:
     assert list(wide.index.names) == ["model", "gen_length", "block_length", "budget"]
     assert [b for *_, b in wide.index] == ["10GB", "18GB", "30GB"]
     systems = list(dict.fromkeys(s for s, _ in wide.columns))
-    assert systems == ["gpu_only", "fiddler", "mixtral_offload", "tide", "oracle"]
+    # fixed-tau runs are columns of their own, never merged into the tau=auto one (its default)
+    assert systems == ["gpu_only", "fiddler", "mixtral_offload", "tide", "tide (tau=1)", "tide (tau=2)",
+                       "tide (tau=8)", "oracle"]
+    assert wide.loc[("mini", 32, 32, "10GB"), ("tide (tau=2)", "tokens_per_s")] == 500.0
     assert ("tide", "tau_star") in wide.columns and ("fiddler", "tau_star") not in wide.columns
     assert math.isnan(wide.loc[("mini", 32, 32, "30GB"), ("tide", "speedup")])
 
@@ -103,14 +106,19 @@ def test_paper_table_pivot_and_speedups(runs_dir: Path) -> None:
 def test_report_cli_writes_table_csv_and_plots(runs_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "report"
     assert report.main(["--runs", str(runs_dir), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert "| 32-64-10GB | mini | 32 | 1000.0 | 3.33x |" in printed  # rows: gen-B-budget
     assert_expected_table(read_csv(out / "report.csv"))
     assert "(modeled)" in (out / "report.md").read_text().splitlines()[0]
     assert (out / "throughput.png").read_bytes()[:8] == PNG
+    assert (out / "throughput.pdf").read_bytes()[:5] == b"%PDF-"
+    assert b"<svg" in (out / "throughput.svg").read_bytes()[:2000]
     tau_plots = list(out.glob("tau_sweep_*.png"))
     assert len(tau_plots) == 1 and "10GB" in tau_plots[0].name
     assert len(list(out.glob("miss_per_step_*.png"))) == 3
+    assert len(list(out.glob("miss_per_step_*.pdf"))) == 3 and len(list(out.glob("miss_per_step_*.svg"))) == 3
+    # the two tau=auto runs at 10GB agree on every setting: the newer is used, the older named
+    assert err.count("warning: 2 runs with the same settings") == 1 and "00_tide_10GB" in err
 
 
 def test_report_from_mlflow_matches_the_run_dirs(runs_dir: Path, tmp_path: Path) -> None:

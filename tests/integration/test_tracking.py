@@ -136,7 +136,7 @@ def test_parent_run_is_named_for_its_sweep_and_describes_it(tmp_path: Path, stor
     run_id = sweep_run.start_parent_run(settings, sweep_dir, {"tiny"}, ["model=tiny", "system=tide,fiddler"])
     client = MlflowClient(tracking_uri=sqlite_uri(store))
     run = client.get_run(run_id)
-    assert re.fullmatch(r"sweep \d{4}-\d\d-\d\d \d\d:\d\d system=tide,fiddler", run.info.run_name)
+    assert re.fullmatch(r"system=tide,fiddler · tiny · \d{4}-\d\d-\d\d \d\d:\d\d", run.info.run_name)
     assert "python -m harness -m model=tiny system=tide,fiddler" in run.data.tags[mlflow_ui.NOTE_TAG]
     table = "| job | tok/s |\n|---|---|\n| 0 | 120.5 |\n"
     workload = workload_record({"name": "coding"}, ["a"])
@@ -159,7 +159,7 @@ def test_push_names_a_parent_from_the_sweeps_multirun_yaml(tmp_path: Path) -> No
     assert tracking.main(["push", str(sweep_dir), "--uri", sqlite_uri(store)]) == 0
     [parent] = [r for r in runs_of(store) if r.data.tags["harness.kind"] == "sweep"]
     started = datetime.fromtimestamp(1796063580).strftime("%Y-%m-%d %H:%M")
-    assert parent.info.run_name == f"sweep {started} system=tide,fiddler budget=10GB,18GB"
+    assert parent.info.run_name == f"system=tide,fiddler × budget=10GB,18GB · tiny · {started}"
     note = parent.data.tags[mlflow_ui.NOTE_TAG]
     assert "python -m harness -m model=tiny system=tide,fiddler hydra.sweep.dir=/s" in note
     assert [d.dataset.name for d in parent.inputs.dataset_inputs] == ["coding"]

@@ -26,7 +26,7 @@ def test_mlflow_ui_shows_the_sweep_in_a_real_browser(tmp_path: Path, proxy_cache
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert not [ln for ln in lines if ln.startswith("FAILED")]
-    assert sum(ln.startswith("ok:") for ln in lines) == 8, proc.stdout
+    assert sum(ln.startswith("ok:") for ln in lines) == 13, proc.stdout
     shots = {p.name for p in (tmp_path / "shots").glob("*.png")}
     assert {"02-runs-table.png", "04-chart-view.png", "05-parent-run.png"} <= shots
     assert "stopped" in proc.stdout  # the server was stopped by its pid

@@ -17,7 +17,10 @@ def test_parent_name_lists_what_the_sweep_varies_and_when_it_started() -> None:
     overrides = ["model=tiny", "system=tide,fiddler", "budget=10GB,18GB", "tracking.uri=sqlite:////x.db"]
     swept = mlflow_ui.swept_overrides(overrides)
     assert swept == ["system=tide,fiddler", "budget=10GB,18GB"]
-    assert mlflow_ui.parent_run_name(swept, STARTED) == "sweep 2026-11-30 18:33 system=tide,fiddler budget=10GB,18GB"
+    assert mlflow_ui.parent_run_name(swept, STARTED, {"mini"}) == \
+        "system=tide,fiddler × budget=10GB,18GB · mini · 2026-11-30 18:33"
+    assert mlflow_ui.parent_run_name(["model=tiny,mini"], STARTED, {"tiny", "mini"}) == \
+        "model=tiny,mini · 2026-11-30 18:33"  # a swept model is said once
 
 
 def test_parent_name_of_an_experiment_grid_names_the_experiment_and_its_grid() -> None:
@@ -100,6 +103,17 @@ def test_dataset_input_carries_the_record() -> None:
 
 def test_runs_page_link_opens_the_model_training_runs_table() -> None:
     assert mlflow_ui.runs_page_link("sqlite:////x/mlflow.db", "3") == \
-        "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning"
+        "http://127.0.0.1:5000/#/experiments/3/runs?viewStateShareKey=harness-results&workflowType=machine_learning"
     assert mlflow_ui.runs_page_link("http://mlflow-host:5000/", "3") == \
-        "http://mlflow-host:5000/#/experiments/3/runs?workflowType=machine_learning"
+        "http://mlflow-host:5000/#/experiments/3/runs?viewStateShareKey=harness-results&workflowType=machine_learning"
+    assert mlflow_ui.run_page_link("http://mlflow-host:5000/", "3", "abc") == \
+        "http://mlflow-host:5000/#/experiments/3/runs/abc"
+
+
+def test_child_name_carries_every_swept_value() -> None:
+    swept = {"system": "tide", "budget": "10GB", "system.tau": "4", "decode.threshold": "0.9"}
+    assert mlflow_ui.child_run_name("tide", "10GB", "mini", swept) == "tide-10GB-mini system.tau=4 decode.threshold=0.9"
+    assert mlflow_ui.child_run_name("fiddler", "18GB", "mini", {}) == "fiddler-18GB-mini"
+    grid = {"decode.gen_length": "256,1024", "system": "gpu_only,tide"}
+    assert mlflow_ui.swept_keys(["+experiment=table1", "budget=10GB,18GB"], grid) == \
+        ["budget", "decode.gen_length", "system"]

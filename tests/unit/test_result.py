@@ -126,3 +126,17 @@ def test_the_summary_line_names_the_charging() -> None:
     result = live_result()
     result.config["system"] = {**result.config.get("system", {}), "overlap": False}
     assert " hardware=a100_pcie4 overlap=false: " in result.summary_lines(show_text=False)[0]
+
+
+def test_a_model_charged_as_itself_says_so_in_its_summary_line() -> None:
+    tiny = live_result()
+    tiny.config["model"] = {"name": "tiny", "nominal": "proxy"}
+    assert "model=tiny (proxy weights; charged as itself, a smoke-test model: copies cost ~nothing, tokens/s " \
+           "does not rank systems) budget=10GB" in tiny.summary_lines(show_text=False)[0]
+    mini = live_result()
+    mini.config["model"] = {"name": "mini", "nominal": "llada2_mini"}  # charged as LLaDA2.0-mini: no note
+    assert "charged as itself" not in mini.summary_lines(show_text=False)[0]
+    from harness.tracking.mlflow_ui import child_description
+
+    assert "charged as itself" in child_description(tiny.to_dict())
+    assert "charged as itself" not in child_description(mini.to_dict())
