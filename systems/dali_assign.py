@@ -50,7 +50,8 @@ def finish_time(on_gpu: Array, load: Array, held: Array, cost: CostModel) -> flo
 
 
 def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
-    """bool [E]: the heaviest-first pass alone (no refinement)."""
+    """bool [E]: the heaviest-first pass alone (no refinement).
+    Reference definition: only tests call this (the live path runs `_assign`)."""
     loads = _np(load)
     on_gpu = np.zeros(loads.shape[0], np.bool_)
     _greedy_pass(loads, gpu, cpu, on_gpu)
@@ -60,7 +61,8 @@ def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
 def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
     """`on_gpu` after the moves and swaps (a copy). Token order misjudges experts whose
     copy makes them costly on the GPU; heaviest-first alone can be off by a factor close
-    to 2 (tests/test_dali.py)."""
+    to 2 (tests/test_dali.py).
+    Reference definition: only tests call this (the live path runs `_assign`)."""
     refined = on_gpu.copy()
     _refine(refined, routed.astype(np.int64), gpu, cpu)
     return refined
@@ -68,7 +70,8 @@ def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndar
 
 def greedy_assignment(load: Array, held: Array, cost: CostModel) -> np.ndarray:
     """bool [E]: routed experts placed on the GPU by the heaviest-first greedy, then
-    refined by single moves and pairwise swaps."""
+    refined by single moves and pairwise swaps.
+    Reference definition: only tests call this (dali calls `assign_layer`)."""
     on_gpu = np.zeros(_np(load).shape[0], np.bool_)
     assign_layer(_np(load), _np(held), cost, on_gpu)
     return on_gpu

@@ -124,7 +124,8 @@ DENSE_CELLS = 4096  # up to this many (s, flat count) pairs, phi is evaluated ev
 
 
 def best_gpu_set(load: np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
-    """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
+    """(G, Phi(G), exact) minimising Phi over subsets of the routed experts.
+    Reference definition: only tests call this (the policy calls `choose_gpu_set`)."""
     gpu = np.zeros(load.shape[0], bool)
     value, exact = choose_gpu_set(load, capacity, cost, gpu)
     return np.flatnonzero(gpu).tolist(), value, exact

@@ -71,7 +71,9 @@ def layer_regret(
     """(regret, buy) of one layer: what keeping `resident` costs over this step's top-B
     resident, and what copying the missing top-B would cost. gpu / cpu: each expert's
     times at this load (float64 [E]); each side's seconds are the torch sum of its times
-    in id order."""
+    in id order.
+    Reference definition: only tests call this: the policy prices a forward's layers at once
+    (`forward_regrets`), held to this bit for bit."""
     routed = loads > 0
     top = top_b(loads, capacity)
     # np.greater(a, b) on bool masks is a & ~b in one pass (this runs every layer of every step)

@@ -138,7 +138,6 @@ class PlanRules:
         self.n_layers = n_layers
         self.capacity = capacity
         self.topology = topology
-        self._expert_ids = frozenset(range(n_experts))
         self._shape = (n_experts,)
         self._multi = topology.multi
         self._no_mask = np.zeros(n_experts, bool)  # an empty list's mask (never written)

@@ -8,7 +8,7 @@ store), and writes `report.md`, `report.csv` and the plots of `harness.report.pl
            the result set mixes them; report.md labels them as the paper does,
            gen_length-B-budget (B: experts per layer, e.g. 256-64-10GB)
   columns  one group per system (a system charged against its original's overlap is its
-           own column: tide with system.overlap=false is tide-sequential): tokens/s,
+           own column: tide with system.overlap=false is tide_sequential): tokens/s,
            speedup over the best baseline in the row (baselines: fiddler, mixtral_offload;
            gpu_only and oracle are references), miss rate, host-to-GPU GB, tau* (systems that
            report one) and lossless

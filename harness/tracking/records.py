@@ -19,7 +19,7 @@ ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 
 OPTIONAL_ROW_KEYS = ["decode_cache", "hardware"]
 
-SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide-sequential", "tide_adaptive", "oracle",
+SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide_sequential", "tide_adaptive", "oracle",
                 "ep_linear", "gem"]
 
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
@@ -33,7 +33,7 @@ def _num(value: Any) -> float:
 
 
 def system_label(name: str | None, system_config: Mapping[str, Any]) -> str | None:
-    """The report's name for a system: its own, or `<name>-sequential` / `<name>-overlapped`
+    """The report's name for a system: its own, or `<name>_sequential` / `<name>_overlapped`
     when it was charged against its original's overlap (systems/registry.py defaults)."""
     overlap = system_config.get("overlap")
     if isinstance(overlap, str):  # an MLflow param
@@ -43,7 +43,7 @@ def system_label(name: str | None, system_config: Mapping[str, Any]) -> str | No
     default = getattr(SYSTEM_CONFIGS.get(name), "overlap", None)
     if default is None or overlap == default:
         return name
-    return f"{name}-overlapped" if overlap else f"{name}-sequential"
+    return f"{name}_overlapped" if overlap else f"{name}_sequential"
 
 
 def record_from_result(result: RunResult, source: str, status: str = "ok", order: float = 0.0
