@@ -86,6 +86,8 @@ def assign_layer(loads: np.ndarray, held: np.ndarray, cost: CostModel, on_gpu: n
 @njit(cache=True, nogil=True)
 def _side_costs(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_table: np.ndarray,
                 copy_one: float, gpu: np.ndarray, cpu: np.ndarray) -> None:
+    """`side_costs` into gpu / cpu [E]: the tables at each expert's load, plus one copy on
+    the GPU side for a routed expert not held. Twin: tests/kernels/test_dali_assign_kernels.py."""
     for e in range(loads.shape[0]):
         gpu[e] = gpu_table[loads[e]] + (copy_one if loads[e] > 0 and not held[e] else 0.0)
         cpu[e] = cpu_table[loads[e]]
@@ -93,6 +95,8 @@ def _side_costs(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_
 
 @njit(cache=True, nogil=True)
 def _phi(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> float:
+    """Phi: the later side over the routed experts, each side added in id order.
+    Twin: tests/kernels/test_dali_assign_kernels.py."""
     gpu_side = cpu_side = 0.0
     for e in range(loads.shape[0]):
         if loads[e] > 0:
@@ -105,6 +109,9 @@ def _phi(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray
 
 @njit(cache=True, nogil=True)
 def _greedy_pass(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, on_gpu: np.ndarray) -> None:
+    """Into `on_gpu` (zeroed): heaviest first, each routed expert to the side whose finish
+    time after taking it is smaller (ties: the GPU if it costs no more there).
+    Twin: tests/kernels/test_dali_assign_kernels.py."""
     gpu_side = cpu_side = 0.0
     for e in heaviest_first(loads):
         g, c = gpu[e], cpu[e]
@@ -122,7 +129,8 @@ def _greedy_pass(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, on_gpu: np
 def _refine(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> None:
     """The best single move or swap while it lowers Phi: the first best move in id order,
     then a swap [GPU expert e -> CPU, CPU expert f -> GPU] only if strictly better (first
-    in (e, f) order)."""
+    in (e, f) order). Twin: tests/kernels/test_dali_assign_kernels.py (every move and
+    swap evaluated)."""
     n = loads.shape[0]
     g_ids, c_ids = np.empty(n, np.int64), np.empty(n, np.int64)
     while True:
@@ -170,6 +178,8 @@ def _refine(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndar
 @njit(cache=True, nogil=True)
 def _assign(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_table: np.ndarray,
             copy_one: float, on_gpu: np.ndarray) -> float:
+    """`assign_layer`: the side costs, the greedy pass, the refinement; returns Phi.
+    Twin: tests/kernels/test_dali_assign_kernels.py."""
     n = loads.shape[0]
     gpu, cpu = np.empty(n), np.empty(n)
     _side_costs(loads, held, gpu_table, cpu_table, copy_one, gpu, cpu)

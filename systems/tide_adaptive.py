@@ -104,7 +104,8 @@ def forward_regrets(loads: np.ndarray, resident: np.ndarray, capacity: int, cost
 @njit(cache=True, nogil=True)
 def _side_sizes(loads: np.ndarray, resident: np.ndarray, top: np.ndarray) -> np.ndarray:
     """int64 [5, n]: per row, the routed experts resident and not, the top-B, the routed
-    ones outside it, and the top-B not resident (one pass instead of five masks)."""
+    ones outside it, and the top-B not resident (one pass instead of five masks).
+    Twin: tests/kernels/test_tide_adaptive_kernels.py."""
     n, experts = loads.shape
     sizes = np.zeros((5, n), np.int64)
     for r in range(n):

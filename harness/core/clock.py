@@ -67,6 +67,10 @@ def _clock(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s: np.nd
            n_async: np.ndarray, copy_one: float, overlap: bool, wait_row: np.ndarray, wait_copies: np.ndarray,
            slots: int, hit_s: np.ndarray, loads: np.ndarray, to_load: np.ndarray, table: np.ndarray,
            cpu_after_copies: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`forward_times`' arrays (copies, exposed CPU, drain, total), one forward after the
+    other, each a scalar loop over its layers in the ledger's rule (harness/core/ledger.py);
+    `slots` 0: no miss pipeline (hit_s, loads, to_load and table unread).
+    Twin: tests/kernels/test_clock_kernel.py (`ScalarTimeline`)."""
     n, m = gpu_s.shape
     copies, exposed = np.empty((n, m)), np.empty((n, m))
     drain, total = np.empty(n), np.empty(n)
