@@ -70,16 +70,25 @@ def lru_reference(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: 
     return masks_, stamps, clock
 
 
+def held_of(data: st.DataObject, n: int) -> tuple[np.ndarray, int]:
+    """(held mask, capacity): at most `capacity` held (the engine's invariant), and a full
+    cache half the time (where copies must evict or go to scratch)."""
+    capacity = data.draw(st.integers(0, n))
+    n_held = capacity if data.draw(st.booleans()) else data.draw(st.integers(0, capacity))
+    held = np.zeros(n, bool)
+    held[data.draw(st.permutations(range(n)))[:n_held]] = True
+    return held, capacity
+
+
 @KERNEL
 @given(st.data())
 def test_admit_layer_is_the_admission_rule(data: st.DataObject) -> None:
     n = data.draw(sizes(0, 24))
-    capacity = data.draw(st.integers(0, n))
-    held = np.zeros(n, bool)  # at most `capacity` held (the engine's invariant)
-    held[data.draw(st.permutations(range(n)))[: data.draw(st.integers(0, capacity))]] = True
+    held, capacity = held_of(data, n)
     on_gpu = data.draw(masks(n))
     coarse = st.integers(0, 6).map(float)  # many ties
-    score = np.array(data.draw(st.lists(coarse | st.floats(0, 100), min_size=n, max_size=n)), np.float64)
+    values = coarse if data.draw(st.booleans()) else coarse | st.floats(0, 100)
+    score = np.array(data.draw(st.lists(values, min_size=n, max_size=n)), np.float64)
     replacement = data.draw(st.booleans())
     key = score if replacement else np.array(data.draw(st.lists(coarse, min_size=n, max_size=n)), np.float64)
     moves, after = np.zeros((3, n), bool), held.copy()  # the policy hands the kernel zeroed moves
@@ -93,9 +102,7 @@ def test_admit_layer_is_the_admission_rule(data: st.DataObject) -> None:
 @given(st.data())
 def test_lru_layer_is_the_lru_rule(data: st.DataObject) -> None:
     n = data.draw(sizes(0, 24))
-    capacity = data.draw(st.integers(0, n))
-    held = np.zeros(n, bool)  # at most `capacity` held
-    held[data.draw(st.permutations(range(n)))[: data.draw(st.integers(0, capacity))]] = True
+    held, capacity = held_of(data, n)
     load = data.draw(loads(n, top=4))
     stamp = np.array(data.draw(st.permutations(range(n))), np.int64)  # recency stamps are distinct
     clock = n + data.draw(st.integers(0, 50))
