@@ -2,8 +2,8 @@
 compiled.
 
 One scalar loop per forward over its recorded layers, each float computed op for op as
-the rules state it (tests/test_ledger.py holds it to a layer-by-layer reference written
-in plain Python). numba compiles the loop: charging a chunk of forwards costs well under
+the rules state it (tests/kernels/test_clock_kernel.py holds it to a layer-by-layer
+reference written in plain Python). numba compiles the loop: charging a chunk of forwards costs well under
 a microsecond per layer, where the same recurrence written as numpy operations over the
 forwards cost about ten calls of ~1 us per layer.
 """
