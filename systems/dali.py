@@ -304,7 +304,8 @@ def admit_layer(on_gpu: np.ndarray, held: np.ndarray, score: np.ndarray, key: np
     score first (ties: lower id), into a free slot, else in place of the next victim: the
     held experts this layer does not compute on the GPU, lowest `key` first (ties: lower
     id), and with replacement only when the copy's score is higher; else to scratch.
-    Updates `held`; returns (cached, scratch)."""
+    Updates `held`; returns (cached, scratch). `moves` comes zeroed.
+    Twin: tests/kernels/test_cache_kernels.py."""
     fetch_mask, scratch_mask, evict_mask = moves[0], moves[1], moves[2]
     n_held = 0
     for e in range(held.shape[0]):

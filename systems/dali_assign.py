@@ -50,7 +50,8 @@ def finish_time(on_gpu: Array, load: Array, held: Array, cost: CostModel) -> flo
 
 
 def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
-    """bool [E]: the heaviest-first pass alone (no refinement)."""
+    """bool [E]: the heaviest-first pass alone (no refinement).
+    Reference definition: only tests call this (the live path runs `_assign`)."""
     loads = _np(load)
     on_gpu = np.zeros(loads.shape[0], np.bool_)
     _greedy_pass(loads, gpu, cpu, on_gpu)
@@ -60,7 +61,8 @@ def greedy_pass(load: Array, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
 def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
     """`on_gpu` after the moves and swaps (a copy). Token order misjudges experts whose
     copy makes them costly on the GPU; heaviest-first alone can be off by a factor close
-    to 2 (tests/unit/test_dali.py)."""
+    to 2 (tests/unit/test_dali.py).
+    Reference definition: only tests call this (the live path runs `_assign`)."""
     refined = on_gpu.copy()
     _refine(refined, routed.astype(np.int64), gpu, cpu)
     return refined
@@ -68,7 +70,8 @@ def refine(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndar
 
 def greedy_assignment(load: Array, held: Array, cost: CostModel) -> np.ndarray:
     """bool [E]: routed experts placed on the GPU by the heaviest-first greedy, then
-    refined by single moves and pairwise swaps."""
+    refined by single moves and pairwise swaps.
+    Reference definition: only tests call this (dali calls `assign_layer`)."""
     on_gpu = np.zeros(_np(load).shape[0], np.bool_)
     assign_layer(_np(load), _np(held), cost, on_gpu)
     return on_gpu
@@ -83,6 +86,8 @@ def assign_layer(loads: np.ndarray, held: np.ndarray, cost: CostModel, on_gpu: n
 @njit(cache=True, nogil=True)
 def _side_costs(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_table: np.ndarray,
                 copy_one: float, gpu: np.ndarray, cpu: np.ndarray) -> None:
+    """`side_costs` into gpu / cpu [E]: the tables at each expert's load, plus one copy on
+    the GPU side for a routed expert not held. Twin: tests/kernels/test_dali_assign_kernels.py."""
     for e in range(loads.shape[0]):
         gpu[e] = gpu_table[loads[e]] + (copy_one if loads[e] > 0 and not held[e] else 0.0)
         cpu[e] = cpu_table[loads[e]]
@@ -90,6 +95,8 @@ def _side_costs(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_
 
 @njit(cache=True, nogil=True)
 def _phi(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> float:
+    """Phi: the later side over the routed experts, each side added in id order.
+    Twin: tests/kernels/test_dali_assign_kernels.py."""
     gpu_side = cpu_side = 0.0
     for e in range(loads.shape[0]):
         if loads[e] > 0:
@@ -102,6 +109,9 @@ def _phi(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray
 
 @njit(cache=True, nogil=True)
 def _greedy_pass(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, on_gpu: np.ndarray) -> None:
+    """Into `on_gpu` (zeroed): heaviest first, each routed expert to the side whose finish
+    time after taking it is smaller (ties: the GPU if it costs no more there).
+    Twin: tests/kernels/test_dali_assign_kernels.py."""
     gpu_side = cpu_side = 0.0
     for e in heaviest_first(loads):
         g, c = gpu[e], cpu[e]
@@ -119,7 +129,8 @@ def _greedy_pass(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, on_gpu: np
 def _refine(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> None:
     """The best single move or swap while it lowers Phi: the first best move in id order,
     then a swap [GPU expert e -> CPU, CPU expert f -> GPU] only if strictly better (first
-    in (e, f) order)."""
+    in (e, f) order). Twin: tests/kernels/test_dali_assign_kernels.py (every move and
+    swap evaluated)."""
     n = loads.shape[0]
     g_ids, c_ids = np.empty(n, np.int64), np.empty(n, np.int64)
     while True:
@@ -167,6 +178,8 @@ def _refine(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: np.ndar
 @njit(cache=True, nogil=True)
 def _assign(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_table: np.ndarray,
             copy_one: float, on_gpu: np.ndarray) -> float:
+    """`assign_layer`: the side costs, the greedy pass, the refinement; returns Phi.
+    Twin: tests/kernels/test_dali_assign_kernels.py."""
     n = loads.shape[0]
     gpu, cpu = np.empty(n), np.empty(n)
     _side_costs(loads, held, gpu_table, cpu_table, copy_one, gpu, cpu)

@@ -47,12 +47,12 @@ class SystemEntry:
     @property
     def report_labels(self) -> tuple[str, ...]:
         """The names the report gives this system: its own, and the one it gets when charged
-        against its default overlap (`tide-sequential`, `fiddler-overlapped`)."""
+        against its default overlap (`tide_sequential`, `fiddler_overlapped`)."""
         overlap = {f.name: f.default for f in fields(self.config)}.get("overlap")
         if overlap is True:
-            return self.name, f"{self.name}-sequential"
+            return self.name, f"{self.name}_sequential"
         if overlap is False:
-            return self.name, f"{self.name}-overlapped"
+            return self.name, f"{self.name}_overlapped"
         return (self.name,)
 
     def needs_calibration(self, system: System) -> bool:

@@ -66,6 +66,9 @@ class Fiddler(System):
         return [set(torch.nonzero(row).flatten().tolist()) for row in ranked]
 
     def prefers_cpu(self, n_tokens: int) -> bool:
+        """One miss of `n_tokens`: on the CPU if that is no slower than a copy plus the
+        GPU.
+        Reference definition: only tests call this (plans use `cheaper_on_cpu`)."""
         cost = self.ctx.cost
         return cost.cpu_expert_time(n_tokens) <= cost.copy_time(1) + cost.gpu_expert_time(n_tokens)
 

@@ -142,7 +142,7 @@ def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int,
     (updated here: every expert the layer uses, in ascending id order, from `clock` on).
     Fills masks [4, E] with routed, missed (all fetched sync), scratch (the misses that do
     not fit) and evicted (the least recent unused residents that make room); returns the
-    next clock."""
+    next clock. Twin: tests/kernels/test_cache_kernels.py."""
     n = load.shape[0]
     routed, miss, scratch, evict = masks[0], masks[1], masks[2], masks[3]
     n_routed = n_miss = n_held = 0

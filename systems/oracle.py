@@ -127,7 +127,8 @@ DENSE_CELLS = 4096  # up to this many (s, flat count) pairs, phi is evaluated ev
 
 
 def best_gpu_set(load: np.ndarray, capacity: int, cost: CostModel) -> tuple[list[int], float, bool]:
-    """(G, Phi(G), exact) minimising Phi over subsets of the routed experts."""
+    """(G, Phi(G), exact) minimising Phi over subsets of the routed experts.
+    Reference definition: only tests call this (the policy calls `choose_gpu_set`)."""
     gpu = np.zeros(load.shape[0], bool)
     value, exact = choose_gpu_set(load, capacity, cost, gpu)
     return np.flatnonzero(gpu).tolist(), value, exact
@@ -162,7 +163,8 @@ def choose_gpu_set(loads: np.ndarray, capacity: int, cost: CostModel, gpu: np.nd
 @njit(cache=True, nogil=True)
 def _split_routed(loads: np.ndarray, gpu_table: np.ndarray, gpu_one: float, order: np.ndarray) -> tuple[int, int]:
     """Into `order`: the flat routed experts (GPU time that of one token) heaviest first
-    (ties to the lower id), then the heavy ones by id; returns their counts."""
+    (ties to the lower id), then the heavy ones by id; returns their counts.
+    Twin: tests/kernels/test_oracle_kernels.py."""
     n_flat = 0
     for e in heaviest_first(loads):
         if gpu_table[loads[e]] == gpu_one:
@@ -182,7 +184,9 @@ def _best_split(flat_cpu: np.ndarray, total_cpu: float, gpu_one: float, copy_one
                 heavy_cpu: np.ndarray, dense_cells: int) -> tuple[float, int, int, int]:
     """min Phi over the heavy options (option i: j = option_j[i] heavy experts on the GPU,
     their reachable token sums and two times in [option_start[i], option_start[i + 1])) and
-    the number of flat experts on the GPU, heaviest first; (Phi, option, row, flat count)."""
+    the number of flat experts on the GPU, heaviest first; (Phi, option, row, flat count):
+    the first minimum, options in order, each option's cells in row-major order.
+    Twin: tests/kernels/test_oracle_kernels.py (every cell evaluated)."""
     n_cols = flat_cpu.shape[0] + 1
     cpu_rest, flat_gpu = np.empty(n_cols), np.empty(n_cols)
     saved = 0.0  # the CPU seconds of the k heaviest flat experts, added in that order
@@ -209,6 +213,9 @@ def _best_split(flat_cpu: np.ndarray, total_cpu: float, gpu_one: float, copy_one
 @njit(cache=True, nogil=True)
 def _first_row_gpu_dominates(c: int, flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.ndarray,
                              heavy_cpu: np.ndarray) -> int:
+    """The first row r of column c where the GPU side reaches the CPU side,
+    flat_gpu[c] + heavy_gpu[r] >= cpu_rest[c] - heavy_cpu[r] (n_rows if none), by bisection:
+    the heavy times rise with r. Twin: tests/kernels/test_oracle_kernels.py (a linear scan)."""
     lo, hi = 0, heavy_gpu.shape[0]
     while lo < hi:
         mid = (lo + hi) // 2
@@ -221,6 +228,9 @@ def _first_row_gpu_dominates(c: int, flat_gpu: np.ndarray, cpu_rest: np.ndarray,
 
 @njit(cache=True, nogil=True)
 def _first_row_cpu_at_most(c: int, low: float, cpu_rest: np.ndarray, heavy_cpu: np.ndarray) -> int:
+    """The first row r of column c whose CPU side is at most `low`,
+    cpu_rest[c] - heavy_cpu[r] <= low (n_rows if none), by bisection: heavy_cpu rises with r.
+    Twin: tests/kernels/test_oracle_kernels.py (a linear scan)."""
     lo, hi = 0, heavy_cpu.shape[0]
     while lo < hi:
         mid = (lo + hi) // 2
@@ -242,9 +252,9 @@ def _min_phi_cells(flat_gpu: np.ndarray, cpu_rest: np.ndarray, heavy_gpu: np.nda
     falls with the row: the column's minimum sits at the last row before the sides cross
     or the first after, and the first row holding that minimum is where the CPU side
     first drops to it. Both rows are found by bisection on those monotone comparisons,
-    made with the float operations of the dense phi, so the choice is the dense argmin's
-    (tests/unit/test_systems.py). Up to `dense_cells` cells, or if the times are not
-    monotone, every cell is evaluated."""
+    made with the float operations of the dense phi, so the choice is the dense argmin's.
+    Up to `dense_cells` cells, or if the times are not monotone, every cell is evaluated.
+    Twin: tests/kernels/test_oracle_kernels.py (the dense argmin)."""
     n_rows, n_cols = heavy_gpu.shape[0], flat_gpu.shape[0]
     monotone = True
     for r in range(1, n_rows):
@@ -314,7 +324,8 @@ def held_moves(loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray, capacit
     are held is immaterial to the charge: G's experts already resident (a resident expert
     cannot be a scratch copy), then G's heaviest, then, when G is smaller than B, the
     heaviest other routed ones, so the GPU holds this step's top-B when G is
-    heaviest-first (ties to the lower id: both sorts are stable)."""
+    heaviest-first (ties to the lower id: both sorts are stable).
+    Twin: tests/kernels/test_oracle_kernels.py."""
     held = np.zeros(loads.shape[0], np.bool_)
     by_load, n_held = heaviest_first(loads), 0
     for rank in range(3):  # a stable sort of by_load on the rank, cut at B

@@ -84,7 +84,8 @@ def refresh_plan(now: np.ndarray, loads: np.ndarray, capacity: int, migration: s
 @njit(cache=True, nogil=True)
 def refresh_layer(now: np.ndarray, loads: np.ndarray, capacity: int, sync: bool, masks: np.ndarray) -> int:
     """`refresh_plan`'s masks, compiled (it runs on every layer of a refreshing forward):
-    fills masks [4, E] with gpu, cpu, promoted, demoted; returns how many are promoted."""
+    fills masks [4, E] with gpu, cpu, promoted, demoted; returns how many are promoted.
+    Twin: tests/kernels/test_tide_kernels.py."""
     after = refreshed(now, loads, capacity)
     n = loads.shape[0]
     gpu, cpu, promote, demote = masks[0], masks[1], masks[2], masks[3]
@@ -104,7 +105,7 @@ def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
     """`refresh_residency` of one layer (bool `now`, int64 `loads` [E]), by the batch
     planner's rule (`refresh_bits`, written out for one row): the target is the top-B
     routed experts (load, then lower id, first); residents outside it are demoted only as
-    far as the target needs room."""
+    far as the target needs room. Twin: tests/kernels/test_tide_kernels.py."""
     target = top_b_row(loads, capacity)
     n_target = n_leaving = 0
     for e in range(loads.shape[0]):
@@ -126,7 +127,7 @@ def refreshed(now: np.ndarray, loads: np.ndarray, capacity: int) -> np.ndarray:
 @njit(cache=True, nogil=True)
 def top_b_row(loads: np.ndarray, capacity: int) -> np.ndarray:
     """`top_b` of one int64 row, by counting: every expert above the threshold load, then
-    the lowest ids at it."""
+    the lowest ids at it. Twin: tests/kernels/test_tide_kernels.py."""
     n = loads.shape[0]
     routed = loads > 0
     if routed.sum() <= capacity:
@@ -256,6 +257,7 @@ def top_b(load: np.ndarray, capacity: int) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _top_b_rows(rows: np.ndarray, capacity: int) -> np.ndarray:
+    """`top_b_row` of every row of an int64 [n, E]. Twin: tests/kernels/test_tide_kernels.py."""
     out = np.empty(rows.shape, np.bool_)
     for r in range(rows.shape[0]):
         out[r] = top_b_row(rows[r], capacity)

@@ -74,7 +74,9 @@ def layer_regret(
     """(regret, buy) of one layer: what keeping `resident` costs over this step's top-B
     resident, and what copying the missing top-B would cost. gpu / cpu: each expert's
     times at this load (float64 [E]); each side's seconds are the torch sum of its times
-    in id order."""
+    in id order.
+    Reference definition: only tests call this: the policy prices a forward's layers at once
+    (`forward_regrets`), held to this bit for bit."""
     routed = loads > 0
     top = top_b(loads, capacity)
     # np.greater(a, b) on bool masks is a & ~b in one pass (this runs every layer of every step)
@@ -105,7 +107,8 @@ def forward_regrets(loads: np.ndarray, resident: np.ndarray, capacity: int, cost
 @njit(cache=True, nogil=True)
 def _side_sizes(loads: np.ndarray, resident: np.ndarray, top: np.ndarray) -> np.ndarray:
     """int64 [5, n]: per row, the routed experts resident and not, the top-B, the routed
-    ones outside it, and the top-B not resident (one pass instead of five masks)."""
+    ones outside it, and the top-B not resident (one pass instead of five masks).
+    Twin: tests/kernels/test_tide_adaptive_kernels.py."""
     n, experts = loads.shape
     sizes = np.zeros((5, n), np.int64)
     for r in range(n):

@@ -61,7 +61,9 @@ def top_b_mask(load: torch.Tensor, capacity: int) -> torch.Tensor:
 def refresh_residency(resident: torch.Tensor, load: torch.Tensor, capacity: int) -> torch.Tensor:
     """TIDE's refresh: promote every target (top-B) expert that is not resident and
     demote only as many non-target residents as needed, lowest load first (then lowest
-    id). bool [..., E] -> bool [..., E]."""
+    id). bool [..., E] -> bool [..., E].
+    Reference definition: only tests call this: the solver and the policy run
+    `refresh_to_target` and `refreshed`, held to it."""
     ids = torch.arange(load.shape[-1])
     return refresh_to_target(resident, top_b_mask(load, capacity), load.long() * load.shape[-1] + ids, capacity)
 
@@ -105,7 +107,8 @@ def estimate_drift(blocks: list[torch.Tensor], capacity: int) -> float:
 
 def miss_fraction(blocks: list[torch.Tensor], capacity: int, tau: int) -> float:
     """f(tau): TIDE's refresh rule replayed over the blocks, residency carried across
-    blocks from the engine's default start (experts 0..B-1 of every layer)."""
+    blocks from the engine's default start (experts 0..B-1 of every layer).
+    Reference definition: only tests call this (`solve_tau` runs `RefreshReplay` for every tau at once)."""
     if not blocks:
         return 0.0
     missed, routed, _ = RefreshReplay(blocks, capacity).run(tau)
@@ -191,12 +194,6 @@ def latency_curves(
     lat_io = [c_io * capacity * (steps / tau) * (1.0 - (1.0 - d) ** tau) for tau in taus]
     lat_cpu = [c_cu * steps * pairs * f for f in f_curve]
     return lat_io, lat_cpu
-
-
-def charged_latency(blocks: list[torch.Tensor], capacity: int, tau: int, cost: CostModel, overlap: bool) -> float:
-    """Expert seconds per block per layer that the ledger's combine charges TIDE (sync
-    migration) with a refresh every tau steps, residency carried as in `miss_fraction`."""
-    return RefreshReplay(blocks, capacity, cost).run(tau, overlap)[2]
 
 
 def solve_tau(

@@ -2,8 +2,8 @@
 compiled.
 
 One scalar loop per forward over its recorded layers, each float computed op for op as
-the rules state it (tests/unit/test_ledger.py holds it to a layer-by-layer reference written
-in plain Python). numba compiles the loop: charging a chunk of forwards costs well under
+the rules state it (tests/kernels/test_clock_kernel.py holds it to a layer-by-layer
+reference written in plain Python). numba compiles the loop: charging a chunk of forwards costs well under
 a microsecond per layer, where the same recurrence written as numpy operations over the
 forwards cost about ten calls of ~1 us per layer.
 """
@@ -67,6 +67,10 @@ def _clock(parts: np.ndarray, n_moe_layers: int, gpu_s: np.ndarray, cpu_s: np.nd
            n_async: np.ndarray, copy_one: float, overlap: bool, wait_row: np.ndarray, wait_copies: np.ndarray,
            slots: int, hit_s: np.ndarray, loads: np.ndarray, to_load: np.ndarray, table: np.ndarray,
            cpu_after_copies: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`forward_times`' arrays (copies, exposed CPU, drain, total), one forward after the
+    other, each a scalar loop over its layers in the ledger's rule (harness/accounting/ledger.py);
+    `slots` 0: no miss pipeline (hit_s, loads, to_load and table unread).
+    Twin: tests/kernels/test_clock_kernel.py (`ScalarTimeline`)."""
     n, m = gpu_s.shape
     copies, exposed = np.empty((n, m)), np.empty((n, m))
     drain, total = np.empty(n), np.empty(n)

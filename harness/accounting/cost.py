@@ -40,8 +40,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -275,7 +274,8 @@ class CostModel:
         )
 
     def non_expert_time(self, n_tokens: int, n_context: int) -> float:
-        """GPU seconds of everything but the routed experts, for one forward."""
+        """GPU seconds of everything but the routed experts, for one forward.
+        Reference definition: only tests call this (the ledger reads `non_expert_breakdown`)."""
         return self.non_expert_breakdown(n_tokens, n_context).total
 
     # ---- the layer combine rule ------------------------------------------------------
@@ -285,13 +285,3 @@ class CostModel:
         """One layer's expert time with an idle link (docs/cost-model.md)."""
         base = max(sync_copy_s + gpu_s, cpu_s) if overlap else sync_copy_s + gpu_s + cpu_s
         return max(base, sync_copy_s + async_copy_s)
-
-    def describe(self) -> dict[str, Any]:
-        hw = asdict(self.hw)
-        hw.update(
-            expert_mb=self.expert_bytes / 1e6,
-            copy_one_expert_s=self._copy_one,
-            gpu_expert_1tok_s=self.gpu_expert_time(1),
-            cpu_expert_1tok_s=self.cpu_expert_time(1),
-        )
-        return hw

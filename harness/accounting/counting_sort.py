@@ -11,7 +11,8 @@ from numba import njit
 @njit(cache=True, nogil=True)
 def heaviest_first(loads: np.ndarray) -> np.ndarray:
     """The routed experts (load > 0) of an int [E] load, most tokens first, ties to the
-    lower id: `np.argsort(-loads, kind="stable")` without the unrouted ones."""
+    lower id: `np.argsort(-loads, kind="stable")` without the unrouted ones.
+    Twin: tests/kernels/test_counting_sort_kernel.py."""
     top = 0
     for e in range(loads.shape[0]):
         top = max(top, loads[e])

@@ -44,7 +44,8 @@ def pipelined_layer(hits_start: float, link_start: float, hit_s: float, miss_s: 
     """(end of the GPU experts, link free) of one layer of one forward: its hits start at
     `hits_start` and take `hit_s`, the link is free at `link_start`, and miss_s[:n_miss]
     are the missed experts' GPU seconds in load order (compiled: the ledger's clock,
-    harness/accounting/clock.py, calls it per layer)."""
+    harness/accounting/clock.py, calls it per layer). `slots` >= 1.
+    Twin: tests/kernels/test_pipeline_kernel.py."""
     gpu_free = hits_start + hit_s
     link = link_start
     starts = np.empty(n_miss)

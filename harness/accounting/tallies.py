@@ -36,6 +36,8 @@ def layer_tallies(loads: np.ndarray, on_gpu: np.ndarray, missed: np.ndarray) -> 
 
 @njit(cache=True, nogil=True)
 def _tallies(loads: np.ndarray, on_gpu: np.ndarray, missed: np.ndarray) -> tuple:
+    """`LayerTallies`' fields in its order, over the routed experts (load != 0) of each
+    recorded layer. Twin: tests/kernels/test_tallies_kernel.py."""
     n, m, experts = loads.shape
     routed, miss, cpu_tokens = np.zeros((n, m), np.int64), np.zeros((n, m), np.int64), np.zeros((n, m), np.int64)
     n_gpu, n_cpu = np.zeros((n, m), np.int64), np.zeros((n, m), np.int64)

@@ -87,7 +87,8 @@ def layer_rules(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, held: np.nd
     """One pass over a layer's experts (all arrays [E]; the id fields as bool masks): per
     expert the bits of the LAYER_RULES it breaks (into `broken`), whether it is a routed
     expert not held (into `missed`) and a sync fetch that stays cached (into `cached`).
-    Returns (the bits any expert breaks, sync fetches, scratch copies, evictions)."""
+    Returns (the bits any expert breaks, sync fetches, scratch copies, evictions).
+    Twin: tests/kernels/test_plan_rules_kernel.py."""
     any_broken = n_sync = n_scratch = n_evict = 0
     for e in range(loads.shape[0]):  # branch-free on 0/1 integers: the loop vectorizes
         r = np.uint32(loads[e] != 0)
@@ -138,7 +139,6 @@ class PlanRules:
         self.n_layers = n_layers
         self.capacity = capacity
         self.topology = topology
-        self._expert_ids = frozenset(range(n_experts))
         self._shape = (n_experts,)
         self._multi = topology.multi
         self._no_mask = np.zeros(n_experts, bool)  # an empty list's mask (never written)

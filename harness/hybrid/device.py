@@ -263,10 +263,3 @@ def host_memory_available() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def make_runtime(backend: str) -> Runtime:
-    """The runtime of a resolved backend ('cuda' only: the cpu backend needs none)."""
-    if backend != "cuda":
-        raise ValueError(f"no device runtime for backend {backend!r}")
-    return CudaRuntime()

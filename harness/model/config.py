@@ -223,10 +223,12 @@ class LLaDA2Config:
 
     @property
     def total_params(self) -> int:
+        """Reference definition: only tests call this (against the published model sizes)."""
         return self.non_expert_params + self.n_moe_layers * self.num_experts * self.expert_params
 
     @property
     def active_params(self) -> int:
+        """Reference definition: only tests call this (against the published model sizes)."""
         return self.non_expert_params + self.n_moe_layers * self.num_experts_per_tok * self.expert_params
 
     def expert_bytes(self, bytes_per_param: int = 2) -> int:

@@ -9,7 +9,7 @@ budget.scope, hardware, timing, ...) becomes a row key, shown as a column, as so
 runs disagree on it. A system's own options (system.tau, system.migration, ...) label its
 column instead (`tide (tau=4)`; an option at its default is not named), so that the
 systems of one row stay comparable side by side; system.overlap keeps its older label
-(`tide-sequential`). Runs that agree on every
+(`tide_sequential`). Runs that agree on every
 setting and option are the same measurement: the newer one is used and a warning names the
 older, so nothing disappears without a word.
 """
@@ -90,7 +90,7 @@ def keyed_runs(records: list[Record]) -> Keyed:
     df["system_name"] = df["system_name"].fillna(df["system"]) if "system_name" in df else df["system"]
     if "tau" in df:  # 4, "auto", None as they are: pandas would make 4.0 of a 4 beside a None
         df["tau"] = pd.Series([r.get("tau") for r in records], index=df.index, dtype=object)
-    df["system_label"] = df["system"]  # tide, tide-sequential: the label before any options
+    df["system_label"] = df["system"]  # tide, tide_sequential: the label before any options
     df["system"] = column_labels(records)
     for name in settings:
         df[name] = [(r.get("settings") or {}).get(name, UNSET) for r in records]

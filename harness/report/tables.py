@@ -12,7 +12,7 @@ figures of `harness.report.plots` (PNG, PDF and SVG each):
            layer, e.g. 256-64-10GB)
   columns  one group per system, labelled with the options that differ between its runs
            (`tide (tau=4)`; a system charged against its original's overlap is its own
-           column: tide with system.overlap=false is tide-sequential): tokens/s, speedup
+           column: tide with system.overlap=false is tide_sequential): tokens/s, speedup
            over the best baseline in the row (baselines: fiddler, mixtral_offload as charged
            by the original; gpu_only and oracle are references), miss rate, host-to-GPU GB,
            tau* (systems that report one) and lossless

@@ -39,7 +39,7 @@ def _num(value: Any) -> float:
 
 
 def system_label(name: str | None, system_config: Mapping[str, Any]) -> str | None:
-    """The report's name for a system: its own, or `<name>-sequential` / `<name>-overlapped`
+    """The report's name for a system: its own, or `<name>_sequential` / `<name>_overlapped`
     when it was charged against its original's overlap (systems/registry.py defaults)."""
     overlap = system_config.get("overlap")
     if isinstance(overlap, str):  # an MLflow param
@@ -49,7 +49,7 @@ def system_label(name: str | None, system_config: Mapping[str, Any]) -> str | No
     default = getattr(SYSTEM_CONFIGS.get(name), "overlap", None)
     if default is None or overlap == default:
         return name
-    return f"{name}-overlapped" if overlap else f"{name}-sequential"
+    return f"{name}_overlapped" if overlap else f"{name}_sequential"
 
 
 def record_from_result(result: RunResult, source: str, status: str = "ok", order: float = 0.0

@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from harness.accounting.bitsets import pack, popcount, unpack
 from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
@@ -25,8 +24,7 @@ from harness.model.settings import nominal_geometry
 from harness.placement.trace import RoutingTrace
 from harness.traces.batch_replay import batch_refusal, replay_trace, summary_differences
 from systems.registry import make_system
-from systems.tide import Tide, refresh_bits, refreshed, top_b
-from systems.tide_tau import refresh_residency, top_b_mask
+from systems.tide import Tide
 
 register_configs()
 
@@ -182,29 +180,7 @@ def test_unsupported_engines_replay_through_the_engine(tiny_synthetic):
         replay_trace(unprepared, trace)
 
 
-# ---- the twins of the engine's pieces --------------------------------------------------
-def test_top_b_and_refresh_bits_agree_with_tau_solver():
-    rng = np.random.default_rng(0)
-    n_experts, partial_rows = 70, 0  # not a multiple of 64: packing pads
-    for trial in range(300):
-        capacity = int(rng.choice([0, 1, 5, 20, 40, 69, 70]))
-        load = rng.integers(0, int(rng.choice([2, 4, 30])), size=(6, n_experts))  # many ties
-        resident = np.zeros((6, n_experts), bool)
-        for row in resident:
-            row[rng.permutation(n_experts)[: rng.integers(0, capacity + 1)]] = True
-        target = top_b(load, capacity)
-        assert np.array_equal(target, top_b_mask(torch.from_numpy(load), capacity).numpy()), trial
-        packed_target = pack(target)
-        after = refresh_bits(pack(resident), packed_target, target.sum(-1), capacity, n_experts)
-        expected = refresh_residency(torch.from_numpy(resident), torch.from_numpy(load), capacity).numpy()
-        assert np.array_equal(unpack(after, n_experts), expected), trial
-        one_row = [refreshed(resident[r], load[r], capacity) for r in range(len(load))]  # the live plan's twin
-        assert np.array_equal(np.stack(one_row), expected), trial
-        n_demote = (target & ~resident).sum(-1) - (capacity - resident.sum(-1))
-        partial_rows += int(((n_demote > 0) & (target.sum(-1) < capacity)).sum())
-    assert partial_rows > 20  # the partial-demotion path ran, not only the two shortcuts
-
-
+# ---- the packed bitsets (the tide kernels' twins: tests/kernels/test_tide_kernels.py) ---------
 def test_popcount_without_numpy_bitwise_count(monkeypatch):
     words = pack(np.random.default_rng(3).random((5, 3, 200)) < 0.4)
     expected = popcount(words)

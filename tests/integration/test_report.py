@@ -153,10 +153,10 @@ def test_tide_charged_sequentially_is_its_own_column(tmp_path: Path) -> None:
         write_json_atomic(tmp_path / f"{i}" / "result.json", result(system, "10GB", tps, 0.2, "auto", overlap=overlap))
     wide = report.paper_table(report.records_from_dirs([tmp_path]))
     systems = list(dict.fromkeys(s for s, _ in wide.columns))
-    assert systems == ["fiddler", "fiddler-overlapped", "tide", "tide-sequential"]  # each beside its variant
-    assert wide[("tide-sequential", "tokens_per_s")].tolist() == [450.0]
+    assert systems == ["fiddler", "fiddler_overlapped", "tide", "tide_sequential"]  # each beside its variant
+    assert wide[("tide_sequential", "tokens_per_s")].tolist() == [450.0]
     assert wide[("tide", "tokens_per_s")].tolist() == [600.0]
     assert wide[("tide", "speedup")].tolist() == [2.0]  # fiddler (its original charging) is the baseline
-    assert wide[("tide-sequential", "io_gb")].tolist() == [0.1]  # the table reports host-to-GPU traffic
-    assert records.system_label("tide", {"overlap": "false"}) == "tide-sequential"  # an MLflow param
+    assert wide[("tide_sequential", "io_gb")].tolist() == [0.1]  # the table reports host-to-GPU traffic
+    assert records.system_label("tide", {"overlap": "false"}) == "tide_sequential"  # an MLflow param
     assert records.system_label("tide", {}) == "tide"

@@ -72,12 +72,31 @@ def test_sigterm_raises_system_exit_and_the_parent_ends_killed(settings: Trackin
     assert run.data.tags[ENDED_TAG] == "interrupted" and run.data.tags["harness.signal"] == "SIGTERM"
 
 
-def test_release_restores_the_handlers_and_leaves_the_run_alone(settings: TrackingConfig, tmp_path: Path) -> None:
+@pytest.fixture(params=["handled", "ignored"])
+def inherited_sigint(request: pytest.FixtureRequest):
+    """The SIGINT disposition the guard starts from, set here whatever this process
+    inherited: Python's KeyboardInterrupt handler (a foreground start), or ignored (nohup,
+    a background job, where Python leaves SIGINT ignored). Restored afterwards."""
+    handler = signal.default_int_handler if request.param == "handled" else signal.SIG_IGN
+    outer = signal.signal(signal.SIGINT, handler)
+    try:
+        yield handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
+def test_release_restores_the_handlers_and_leaves_the_run_alone(
+        settings: TrackingConfig, tmp_path: Path, inherited_sigint: object) -> None:
     run_id = new_parent(settings, tmp_path / "sweep")
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     guard = sweep_run.ParentRunGuard(settings, run_id)
-    assert signal.getsignal(signal.SIGINT) == guard.on_signal
-    guard.release()
+    try:
+        # a handled SIGINT is wrapped; an ignored one stays ignored (Ctrl-C cannot reach the sweep)
+        wrapped = guard.on_signal if inherited_sigint is signal.default_int_handler else signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) == wrapped
+        assert signal.getsignal(signal.SIGTERM) == guard.on_signal
+    finally:
+        guard.release()
     assert {s: signal.getsignal(s) for s in before} == before
     guard.at_exit()
     assert client_of(settings).get_run(run_id).info.status == "RUNNING"

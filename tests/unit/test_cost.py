@@ -1,5 +1,6 @@
 """The cost model: rooflines, the measured CPU table, copies, non-expert work, the layer
-combine rule (its forward timeline: tests/unit/test_ledger.py), the hardware YAMLs, and local profiling."""
+combine rule (its forward timeline: tests/unit/test_ledger.py, tests/kernels/test_clock_kernel.py), the
+hardware YAMLs, and local profiling."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
-from systems.dali_assign import finish_time, greedy_assignment, greedy_pass, refine, side_costs
+from systems.dali_assign import finish_time, greedy_assignment, greedy_pass, side_costs
 from systems.registry import make_system
 from tests.system_drive import engine, geometry, loads, step
 
@@ -104,49 +104,6 @@ def test_refinement_repairs_a_case_where_heaviest_first_is_almost_twice_the_opti
     final = greedy_assignment(load, held, cost)
     assert finish_time(final, load, held, cost) == pytest.approx(optimum)
     assert np.flatnonzero(final).tolist() == [2, 4, 7, 10]  # the residents; 8 on the CPU
-
-
-def _refine_by_definition(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
-    """The refinement evaluated everywhere, each round: every single move, then every
-    swap [GPU e, CPU f]; the first best move in id order, a swap only if strictly lower
-    (the first in (e, f) order); side sums added in id order."""
-    on_gpu = on_gpu.copy()
-    while True:
-        gpu_side = cpu_side = 0.0
-        for e in range(len(on_gpu)):
-            if on_gpu[e]:
-                gpu_side += gpu[e]
-            elif routed[e]:
-                cpu_side += cpu[e]
-        moved = np.where(on_gpu, np.maximum(gpu_side - gpu, cpu_side + cpu), np.maximum(gpu_side + gpu, cpu_side - cpu))
-        moved[~routed] = np.inf
-        g_ids, c_ids = np.flatnonzero(on_gpu), np.flatnonzero(routed & ~on_gpu)
-        swapped = np.maximum(gpu_side - gpu[g_ids, None] + gpu[None, c_ids],
-                             cpu_side - cpu[None, c_ids] + cpu[g_ids, None])
-        after, change = float(moved.min()), [int(moved.argmin())]
-        if swapped.size and float(swapped.min()) < after:
-            i, j = divmod(int(swapped.argmin()), swapped.shape[1])
-            after, change = float(swapped[i, j]), [int(g_ids[i]), int(c_ids[j])]
-        if not after < max(gpu_side, cpu_side) * (1 - 1e-12):
-            return on_gpu
-        on_gpu[change] = ~on_gpu[change]
-
-
-def test_the_compiled_refinement_skips_only_swaps_that_cannot_win() -> None:
-    """The kernel bounds each GPU expert's swaps and skips rows that cannot beat the best
-    change so far; on costs with many ties (a coarse grid) it must pick what evaluating
-    every move and swap picks."""
-    rng = np.random.default_rng(3)
-    for _ in range(3000):
-        n = int(rng.integers(1, 40))
-        routed = rng.random(n) < 0.8
-        q = float(rng.choice([1.0, 0.5, 0.25]))
-        gpu = np.where(routed, rng.integers(1, 12, n) * q, 0.0)
-        cpu = np.where(routed, rng.integers(1, 30, n) * q, 0.0)
-        if rng.random() < 0.5:  # and without ties
-            gpu, cpu = gpu * rng.uniform(0.9, 1.1, n), cpu * rng.uniform(0.9, 1.1, n)
-        start = routed & (rng.random(n) < 0.5)
-        assert refine(start, routed, gpu, cpu).tolist() == _refine_by_definition(start, routed, gpu, cpu).tolist()
 
 
 def test_a_heavy_missing_expert_is_copied_and_the_idle_cpu_takes_the_light_ones() -> None:

@@ -1,6 +1,7 @@
 """The ledger (harness/accounting/ledger.py): its sums are torch's sums in the engine's order, its
-timeline is the scalar layer-by-layer clock op for op, and how forwards are batched never
-changes a bit."""
+timeline on hand-made layers (tests/kernels/test_clock_kernel.py holds the compiled clock
+to the scalar layer-by-layer rule, op for op), and how forwards are batched never changes
+a bit."""
 
 from __future__ import annotations
 
@@ -78,70 +79,6 @@ def test_expert_seconds_are_the_bits_of_the_torch_sums(profile: str) -> None:
         got = ExpertSeconds(cost, device)(loads[None], mask[None])[0]
         expected = [float(times(torch.from_numpy(row[row > 0])).sum()) for row in loads]
         assert got.tolist() == expected
-
-
-class ScalarTimeline:
-    """The forward clock written as the cost model states it, one layer at a time (the
-    reference the vectorized `forward_times` must equal op for op)."""
-
-    def __init__(self, parts: tuple[float, float, float], n_moe_layers: int, copy_one: float) -> None:
-        self.clock, self.per_layer, self.head = parts
-        self.n_moe_layers, self.copy_one = n_moe_layers, copy_one
-        self.link_free, self.landing, self.layers = 0.0, {}, 0
-
-    def charge(self, layer, gpu_s, cpu_s, n_sync, gpu_experts, async_targets, overlap):
-        self.clock += self.per_layer
-        self.layers += 1
-        t0 = ready = self.clock
-        if n_sync:
-            self.link_free = max(t0, self.link_free) + n_sync * self.copy_one
-            ready = self.link_free
-        in_flight = self.landing.pop(layer, None)
-        if in_flight:
-            ready = max([ready] + [in_flight[e] for e in gpu_experts if e in in_flight])
-        start = max(t0, self.link_free)
-        for i, (target, e) in enumerate(async_targets):
-            self.landing.setdefault(target, {})[e] = start + (i + 1) * self.copy_one
-        if async_targets:
-            self.link_free = start + len(async_targets) * self.copy_one
-        gpu_end = ready + gpu_s
-        end = max(gpu_end, t0 + cpu_s) if overlap else gpu_end + cpu_s
-        self.clock = end
-        return ready - t0, end - gpu_end
-
-    def finish(self):
-        self.clock += max(0, self.n_moe_layers - self.layers) * self.per_layer + self.head
-        drain = max(0.0, self.link_free - self.clock)
-        return self.clock + drain, drain
-
-
-@pytest.mark.parametrize("overlap", [True, False])
-def test_forward_times_follow_the_scalar_timeline(overlap):
-    cost = CostModel(TINY, HardwareConfig())
-    rng = np.random.default_rng(1)
-    n, m, n_layers = 12, 5, 6  # a layer short: its slice is charged at the end
-    gpu_s, cpu_s = rng.uniform(0, 1e-4, (n, m)), rng.uniform(0, 2e-4, (n, m))  # ~ copy_time(10)
-    n_sync, n_prefetch = rng.integers(0, 3, (n, m)), rng.integers(0, 30, (n, m))
-    n_prefetch[:, -1] = rng.integers(0, 80, n)  # the last layer's copies outlast some forwards
-    used = rng.integers(0, 30, (n, m))  # the highest prefetched position each layer's GPU experts use
-    parts = [cost.non_expert_breakdown(8 + s, 40 + s) for s in range(n)]
-    split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts])
-    copy_one = cost.copy_time(1)
-    wait_row, wait_copies = np.zeros((n, m), np.int64), np.zeros((n, m), np.int64)
-    for j in range(1, m):
-        wait_row[:, j] = j - 1
-        wait_copies[:, j] = np.where(used[:, j] < n_prefetch[:, j - 1], used[:, j] + 1, 0)
-    times = forward_times(split, n_layers, gpu_s, cpu_s, n_sync, n_prefetch, copy_one, overlap, wait_row, wait_copies)
-    assert times.drain_s.max() > 0 and times.copies_s.max() > 0  # async copies outlast some forwards
-    assert (wait_copies > 0).sum() > 10  # prefetch waits are exercised
-    for s in range(n):  # op for op: the same floats, not merely close ones
-        line = ScalarTimeline((parts[s].before_moe, parts[s].per_moe_layer, parts[s].head), n_layers, copy_one)
-        for j in range(m):
-            gpu_experts = [int(used[s, j])] if j else []
-            got = line.charge(j, gpu_s[s, j], cpu_s[s, j], int(n_sync[s, j]), gpu_experts,
-                              [(j + 1, e) for e in range(n_prefetch[s, j])], overlap)
-            assert got == (times.copies_s[s, j], times.cpu_exposed_s[s, j])
-        assert line.finish() == (times.total_s[s], times.drain_s[s])
 
 
 def _one_layer(gpu_s, cpu_s, n_sync, n_async, overlap, wait=(0, 0), layers=1):

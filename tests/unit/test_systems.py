@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-import systems.oracle as oracle
 from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
 from harness.common.errors import HarnessError
 from harness.engine.engine import OffloadEngine
@@ -286,17 +285,3 @@ def test_fiddler_initial_residency_is_each_layers_top_b_by_popularity() -> None:
     eng.prepare(trace)
     assert eng.layer_resident(0) == {2, 7}
     assert eng.layer_resident(1) == {0, 4}  # never-routed experts fill by id
-
-
-def test_the_oracles_searched_minimum_is_the_dense_argmin() -> None:
-    """_min_phi_cells searches each column's crossing instead of evaluating every cell; with
-    many ties (costs on a coarse grid) it must still pick the dense argmin's (value, row, col)."""
-    rng = np.random.default_rng(0)
-    for _ in range(500):
-        rows, cols, q = int(rng.integers(1, 200)), int(rng.integers(1, 40)), float(rng.choice([1.0, 0.5, 0.25]))
-        heavy_gpu, heavy_cpu = np.sort(rng.integers(0, 20, rows) * q), np.sort(rng.integers(0, 20, rows) * q)
-        flat_gpu, cpu_rest = np.sort(rng.integers(0, 30, cols) * q), np.sort(rng.integers(0, 60, cols) * q)[::-1].copy()
-        phi = np.maximum(flat_gpu[None, :] + heavy_gpu[:, None], cpu_rest[None, :] - heavy_cpu[:, None])
-        row, col = divmod(int(phi.argmin()), cols)
-        # dense_cells=0: always search
-        assert oracle._min_phi_cells(flat_gpu, cpu_rest, heavy_gpu, heavy_cpu, 0) == (float(phi[row, col]), row, col)
