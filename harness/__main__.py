@@ -2,14 +2,18 @@
 
 Bad input never shows a traceback (unless HYDRA_FULL_ERROR=1): the overrides are
 composed and checked before Hydra starts, and a `HarnessError` during the run becomes
-one line on stderr and exit code 2. In a sweep, a job that fails that way writes
-`failed.json` into its directory and the sweep goes on; the sweep then exits 2.
+one line on stderr and exit code 2 (a write that fails on a full or read-only disk too,
+naming what the run dir already holds). In a sweep, a job that fails that way writes
+`failed.json` into its directory and the sweep goes on; the sweep then exits 2. Ctrl-C
+prints one line (what was saved, how to resume) and exits 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -20,7 +24,8 @@ from harness.cli import callbacks
 from harness.cli.cli_check import precheck, typed_config
 from harness.cli.config import register_configs
 from harness.cli.run import run_job
-from harness.errors import HarnessError
+from harness.errors import HarnessError, OutputError
+from harness.files import as_output_error
 from harness.results import write_json_atomic
 from harness.tracking.resume import resumed_result_path, skip_if_done
 from harness.tracking.tracking import log_if_missing, record_finished_run
@@ -41,13 +46,17 @@ def main(cfg: DictConfig) -> None:
     except Exception as exc:
         # a HarnessError is bad input; anything else is a bug, which a single run shows in full
         # but a sweep records as that job's failure, so the other jobs and the summary still come
+        exc = as_output_error(exc)  # a full disk or a read-only file system: one line, not a bug
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not (in_sweep or isinstance(exc, HarnessError)):
             raise
         message = str(exc) if isinstance(exc, HarnessError) else \
             f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())[:300]} (a bug: please report it)"
+        if isinstance(exc, OutputError):
+            message += f"; saved in {run_dir}: {saved_files(run_dir)}"
         print(f"error: {message}", file=sys.stderr)
         if in_sweep:
-            write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": message})
+            with contextlib.suppress(OSError):  # on a full disk failed.json may not fit either
+                write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": message})
             return
         sys.exit(2)
     for line in result.summary_lines(config.show_text):
@@ -57,16 +66,42 @@ def main(cfg: DictConfig) -> None:
 
 def entry() -> None:
     try:
-        precheck(sys.argv[1:])
+        # Hydra reads sys.argv: glob sweeps expanded, sweep.max_jobs taken out (harness/cli/argv_check.py)
+        sys.argv = [sys.argv[0], *precheck(sys.argv[1:])]
     except HarnessError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"interrupted: {interrupted_note()}", file=sys.stderr)
+        sys.exit(130)
 
     if callbacks.FAILED_JOBS:
         sys.exit(2)
+
+
+def saved_files(run_dir: str | os.PathLike) -> str:
+    """The files a run dir holds (Hydra's .hydra aside), for the line of a failed write."""
+    try:
+        names = sorted(p.name for p in Path(run_dir).iterdir() if p.is_file() and not p.name.startswith("."))
+    except OSError:
+        names = []
+    return ", ".join(names) or "nothing"
+
+
+def interrupted_note() -> str:
+    """What a Ctrl-C leaves: every file is written atomically, so only finished results exist."""
+    hydra = HydraConfig.instance().cfg.hydra if HydraConfig.initialized() else None
+    if hydra is not None and hydra.mode == RunMode.MULTIRUN:
+        return (f"the finished jobs' results are in {hydra.sweep.dir}; run the same command with resume=true "
+                f"hydra.sweep.dir={hydra.sweep.dir} to finish the rest")
+    where = f" in {hydra.runtime.output_dir}" if hydra is not None else ""
+    return f"this run wrote no result.json{where} (cached models and traces that were complete are kept); run it again"
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ own store failures so that a sweep never stops because MLflow is unreachable.
 from __future__ import annotations
 
 import math
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from harness.results import read_json
 from harness.tracking import cluster, mlflow_ui, sweep_run, tracking
 from harness.tracking.records import SWEEP_FILES, compact_line, record_from_result
 from harness.tracking.result import RunResult
-from harness.tracking.resume import RESUMED_FILE
+from harness.tracking.resume import RESUMED_FILE, resumed_result_path
 from harness.tracking.run_files import PARENT_MARKER
 
 SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
@@ -128,7 +129,12 @@ class SweepCallback(Callback):
         records = sweep_records(directory)
         global FAILED_JOBS
         FAILED_JOBS = sum(r["status"] == "failed" for r in records)
-        files = write_sweep_summary(directory, records) if records else []
+        try:
+            files = write_sweep_summary(directory, records) if records else []
+        except OSError as exc:  # a full or read-only disk: the jobs' own results are already saved
+            print(f"warning: the sweep summary was not written to {directory} ({exc.strerror or exc}); the jobs' "
+                  "results are in their dirs: python -m harness.report --runs " + str(directory), file=sys.stderr)
+            files, records = [], []
         if records:
             print(f"sweep summary ({directory}):")
             print((directory / SUMMARY_MD).read_text(), end="")
@@ -144,6 +150,10 @@ class SweepCallback(Callback):
             sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records),
                                         mlflow_ui.parent_description(self.command, table, note),
                                         sweep_run.workloads_in(directory))
+            if bool(config.resume):  # a resume in a new dir: the killed sweep's parent is over
+                reused = [p for p in map(resumed_result_path, {f.parent for f in directory.rglob(RESUMED_FILE)}) if p]
+                for old in sweep_run.end_superseded_parents(settings, directory, self.parent_run_id, reused):
+                    print(f"MLflow parent run {old} of the sweep this one resumed ended KILLED (superseded)")
             print(mlflow_ui.ui_hint(tracking.normalize_uri(settings.uri), experiment_of(directory, settings.uri)))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "sweep summary", exc)

@@ -59,6 +59,12 @@ class WorkloadConfig:
     prompts: list[str] = field(default_factory=list)
     dataset: str | None = None  # a bundled benchmark: humaneval (harness/decode/workload.py)
 
+    def __post_init__(self) -> None:
+        """One source of prompts: a file given with a dataset would be silently ignored."""
+        _require(self.path is None or self.dataset is None or self.path == MISSING,
+                 f"workload.path={self.path!r} and workload.dataset={self.dataset!r} are both set; a run reads "
+                 "one of them: use workload=jsonl workload.path=... or workload=humaneval, not both")
+
 
 @dataclass
 class CalibrationConfig:
@@ -69,6 +75,7 @@ class CalibrationConfig:
 class TraceConfig:
     path: str | None = None  # replay: a trace.npz; null = the cached trace of this model/workload/decode
     record: bool = False  # live: also save trace.npz (+ calibration.npz) into the run dir
+    # which option belongs to which source is checked across parts (HarnessConfig.__post_init__)
 
 
 DEFAULT_URI = "sqlite:///outputs/mlflow.db"

@@ -22,7 +22,9 @@ discarded, results in the sweep dir that never reached the store are logged as i
 children at the end of the sweep, and it ends FINISHED with the new summary, so the
 whole grid sits under one parent. Its `sweep` param keeps the first command line. In
 any other case a sweep gets a new parent; one left RUNNING by a dead sweep in the same
-dir is first ended KILLED with `harness.ended=abandoned`.
+dir is first ended KILLED with `harness.ended=abandoned`. A sweep resumed into a new dir
+ends the RUNNING parents of the sweeps whose results it reused KILLED, with
+`harness.ended=superseded` (`end_superseded_parents`).
 """
 
 from __future__ import annotations
@@ -69,10 +71,11 @@ from harness.tracking.run_files import (
     git_commit,
     parent_run_id,
     result_dirs,
+    sweep_dir_of,
     workload_of,
 )
 
-ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned (parent runs)
+ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned | superseded (parent runs)
 RESUMES_TAG = "harness.resumes"
 
 
@@ -176,6 +179,26 @@ def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], 
         client.log_inputs(run_id, datasets=[dataset_input(w) for w in workloads])
     client.set_tag(run_id, ENDED_TAG, "finished")
     client.set_terminated(run_id, "FINISHED")
+
+
+def end_superseded_parents(tracking: TrackingConfig, sweep_dir: Path, parent_id: str,
+                           reused: Sequence[Path]) -> list[str]:
+    """A sweep resumed into a new dir supersedes the sweeps whose results it reused: a parent
+    run of theirs still RUNNING (its process was killed without a word) is ended KILLED,
+    tagged `harness.ended=superseded` and `harness.superseded_by=<this parent>`. Returns the
+    ids ended. (A sweep still running elsewhere whose finished results were reused would
+    be ended too: resume a sweep only once its earlier attempt is dead.)"""
+    client = open_store(tracking.uri, tracking.timeout_s)
+    ended = []
+    old_dirs = {d for d in (sweep_dir_of(Path(p).parent) for p in reused) if d is not None}
+    for old_dir in sorted(old_dirs - {sweep_dir.resolve()}):
+        run = _previous_parent(client, old_dir, tracking.uri)
+        if run is None or run.info.status != "RUNNING" or run.info.run_id == parent_id:
+            continue
+        client.set_tag(run.info.run_id, "harness.superseded_by", parent_id)
+        end_parent_run(tracking, run.info.run_id, "KILLED", "superseded")
+        ended.append(run.info.run_id)
+    return ended
 
 
 def end_parent_run(tracking: TrackingConfig, run_id: str, status: str, why: str,

@@ -57,7 +57,7 @@ from harness.tracking.run_files import (
     workload_of,
 )
 from harness.tracking.sweep_run import finish_parent_run, recorded_sweep, start_parent_run, workloads_in
-from harness.tracking.uris import check_tracking_uri
+from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
 
 if TYPE_CHECKING:
     from harness.cli.config import HarnessConfig
@@ -226,6 +226,18 @@ def push(roots: list[Path], tracking: TrackingConfig) -> tuple[int, int, int]:
     return logged, present, failed
 
 
+def check_results_readable(roots: list[Path]) -> None:
+    """Every result.json to push reads as a result: a damaged one is named before anything
+    is logged, instead of a decoder message per file and exit code 1."""
+    for run_dir in result_dirs(roots):
+        try:
+            RunResult.from_json(run_dir / RESULT_FILE)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, HarnessError) as exc:
+            reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+            raise HarnessError(f"{run_dir / RESULT_FILE} is not a readable result ({reason}); fix it or move "
+                               "that run dir out of the pushed dirs") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.tracking", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -243,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
         print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        check_store_is_mlflow(normalize_uri(args.uri), "--uri")
+        check_results_readable(args.dirs)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     logged, present, failed = push(args.dirs, TrackingConfig(uri=args.uri, experiment=args.experiment))
     print(f"push to {normalize_uri(args.uri)}: {logged} logged, {present} already there, {failed} failed")
