@@ -128,6 +128,8 @@ class RoutingTrace:
         at least one forward, loads no larger than the forwards' tokens can route."""
         path = Path(path)
         data = read_arrays(path)
+        if "schema_version" not in data:
+            raise HarnessError(f"trace {path} is corrupt or not a trace (it has no schema_version); record it again")
         version = _scalar_int(data.get("schema_version"))
         if version != TRACE_SCHEMA:
             raise HarnessError(f"trace {path} has schema version {version}, this harness reads {TRACE_SCHEMA}; "
