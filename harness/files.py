@@ -30,7 +30,7 @@ def file_kind(path: Path) -> str:
     """'file', 'missing', or what else the path is, in words ('a FIFO (named pipe)', ...)."""
     try:
         mode = path.stat().st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a path under a file does not exist
         return "a broken symbolic link" if path.is_symlink() else "missing"
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
@@ -78,19 +78,24 @@ def probe_output_dir(path: str | Path, key: str) -> Path:
     it; any failure is one line naming `key`, the path and the reason. Returns the path."""
     path = Path(path)
     for candidate in (path, *path.parents):
-        if candidate.exists() or candidate.is_symlink():
-            if not candidate.is_dir():
-                where = "is a file" if candidate == path else f"is under {candidate}, which is a file"
-                raise HarnessError(f"{key}={path} {where}; give a directory for the output files")
+        kind = file_kind(candidate)
+        if kind == "a directory":
             break
+        if kind != "missing":
+            what = "a file" if kind == "file" else kind
+            where = f"is {what}" if candidate == path else f"is under {candidate}, which is {what}"
+            raise HarnessError(f"{key}={path} {where}; give a directory for the output files")
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        try:
+            os.write(fd, b"\n")  # one byte: a full file system refuses it, an empty file it may allow
+        finally:
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:
-        raise HarnessError(f"{key}={path} is not writable ({exc.strerror or exc}); "
-                           "give a directory this user can write to") from None
+        raise HarnessError(f"{key}={path} cannot be written ({exc.strerror or exc}); "
+                           "give a directory this user can write to, on a file system with free space") from None
     return path
 
 
@@ -98,8 +103,10 @@ def probe_output_parent(path: str | Path, key: str) -> Path:
     """For a directory the harness (or Hydra) creates later under a timestamped name: its
     parent is created and probed now, and the path itself must not be a file."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise HarnessError(f"{key}={path} is a file; give a directory for the output files")
+    kind = file_kind(path)
+    if kind not in ("missing", "a directory"):
+        raise HarnessError(f"{key}={path} is {'a file' if kind == 'file' else kind}; give a directory for the "
+                           "output files")
     probe_output_dir(path.parent, key)
     return path
 

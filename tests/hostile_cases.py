@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import tempfile
@@ -16,9 +17,36 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
+from harness.errors import HarnessError
 from harness.model.checkpoint import index_checkpoint
 from tests.bad_input_cases import _entry, tiny_trace, write_shard
+
+# ---------------------------------------------------------------- what every case asserts
+
+
+@pytest.fixture(autouse=True)
+def no_hang():
+    """A case that blocks (a FIFO opened for reading) fails after 20 s instead of hanging."""
+    def hung(*_: object) -> None:
+        raise TimeoutError("the case hung")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def refused(call: Callable[..., Any], needle: str, *args: Any, **kwargs: Any) -> str:
+    """call(*args) raises a one-line HarnessError holding `needle`; its text."""
+    with pytest.raises(HarnessError) as info:
+        call(*args, **kwargs)
+    text = str(info.value)
+    assert "\n" not in text and "Traceback" not in text, text
+    assert needle in text, text
+    return text
+
 
 # ---------------------------------------------------------------- things that are not regular files
 

@@ -8,7 +8,6 @@ catalogue in tests/test_bad_inputs.py. Cases call the validating function direct
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -20,36 +19,14 @@ from harness.cli.run import run_job
 from harness.decode.decoding import DecodeSettings, decode
 from harness.decode.lossless import load_reference, reference_path, store_reference
 from harness.decode.workload import read_jsonl_prompts
-from harness.errors import HarnessError
 from harness.model import checkpoint
 from harness.model.checkpoint import from_pretrained, read_shard_header
 from harness.traces.trace import RoutingTrace
 from tests import bad_input_cases as first
 from tests import hostile_cases as cases
+from tests.hostile_cases import no_hang, refused  # noqa: F401 - no_hang: an autouse fixture (a FIFO never hangs)
 
 register_configs()
-
-
-@pytest.fixture(autouse=True)
-def no_hang():
-    """A case that blocks (a FIFO opened for reading) fails after 20 s instead of hanging."""
-    def hung(*_: object) -> None:
-        raise TimeoutError("the case hung")
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
-def refused(call, needle: str, *args, **kwargs) -> str:
-    """call(*args) raises a one-line HarnessError holding `needle`; its text."""
-    with pytest.raises(HarnessError) as info:
-        call(*args, **kwargs)
-    text = str(info.value)
-    assert "\n" not in text and "Traceback" not in text, text
-    assert needle in text, text
-    return text
 
 
 # ---------------------------------------------------------------- non-finite weights

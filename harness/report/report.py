@@ -32,7 +32,7 @@ import pandas as pd
 import yaml
 
 from harness.errors import HarnessError, OneLineParser, check_output_dir
-from harness.files import probe_output_dir
+from harness.files import file_kind, probe_output_dir
 from harness.report import plots
 from harness.routing_stats import STAT_KEYS
 from harness.tracking.mlflow_store import open_store
@@ -344,7 +344,7 @@ def check_report_uri(uri: str) -> None:
     """A well-formed URI, and for SQLite a file that exists (MLflow would create an empty store)."""
 
     check_tracking_uri(uri, "--from-mlflow")
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    if uri.startswith("sqlite:///") and file_kind(Path(uri[len("sqlite:///"):])) == "missing":
         raise HarnessError(f"--from-mlflow {uri}: no such SQLite store")
     check_store_is_mlflow(uri, "--from-mlflow")
 

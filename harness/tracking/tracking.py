@@ -27,6 +27,7 @@ from hydra.types import RunMode
 
 from harness.cli.config_parts import DEFAULT_URI, TrackingConfig
 from harness.errors import HarnessError
+from harness.files import require_regular_file
 from harness.tracking.cluster import job_leaves_logging_to_launcher
 from harness.tracking.mlflow_store import (
     TrackingUnavailable,
@@ -230,6 +231,8 @@ def check_results_readable(roots: list[Path]) -> None:
     """Every result.json to push reads as a result: a damaged one is named before anything
     is logged, instead of a decoder message per file and exit code 1."""
     for run_dir in result_dirs(roots):
+        require_regular_file(run_dir / RESULT_FILE, str(run_dir / RESULT_FILE), "move that run dir out of the "
+                             "pushed dirs")  # a FIFO would block the read
         try:
             RunResult.from_json(run_dir / RESULT_FILE)
         except (OSError, ValueError, TypeError, KeyError, AttributeError, HarnessError) as exc:
