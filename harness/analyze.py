@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     b = int_arg(args, "B", 64, trace.n_experts, "the trace's experts per layer")
     max_k = int_arg(args, "max_k", 8, max(1, longest - 1), "the longest block's denoising steps - 1")
     if args.get("format", "table") == "table":
-        probe_output_dir(out, "out")  # before the analysis, not after it
+        probe_output_dir(out, "out", create=False)  # before the analysis, not after it
     stats = statistics_with_uniform(trace, b, max_k)
     if args.get("format", "table") == "json":
         decode = trace.meta.get("decode") if isinstance(trace.meta.get("decode"), dict) else {}

@@ -73,11 +73,15 @@ def check_no_special_files(directory: Path, label: str) -> None:
                                "replace it with the real file")
 
 
-def probe_output_dir(path: str | Path, key: str) -> Path:
+def probe_output_dir(path: str | Path, key: str, create: bool = True) -> Path:
     """Create the directory `path` (and its parents) and write and remove a probe file in
-    it; any failure is one line naming `key`, the path and the reason. Returns the path."""
+    it; any failure is one line naming `key`, the path and the reason. Returns the path.
+    With create=False nothing is left behind: the probe goes into the nearest existing
+    directory on the way to `path` (a tool that may still refuse its input creates nothing)."""
     path = Path(path)
+    existing = path
     for candidate in (path, *path.parents):
+        existing = candidate
         kind = file_kind(candidate)
         if kind == "a directory":
             break
@@ -86,8 +90,9 @@ def probe_output_dir(path: str | Path, key: str) -> Path:
             where = f"is {what}" if candidate == path else f"is under {candidate}, which is {what}"
             raise HarnessError(f"{key}={path} {where}; give a directory for the output files")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path if create else existing)
         try:
             os.write(fd, b"\n")  # one byte: a full file system refuses it, an empty file it may allow
         finally:

@@ -351,3 +351,34 @@ def test_a_read_only_file_system_is_found_at_the_start(tmp_path):
         refused(probe_output_dir, "Read-only file system", disk / "cache", "cache_dir")
         refused(precheck, "Read-only file system", ["model=tiny", f"cache_dir={disk}/cache",
                                                     f"hydra.run.dir={tmp_path}/run"])
+
+
+# ---------------------------------------------------------------- a resume in a new sweep dir
+
+
+def test_a_resume_in_a_new_dir_ends_the_parent_it_supersedes(tmp_path):
+    """The killed sweep's parent (RUNNING: SIGKILL gave it no chance) ends KILLED, tagged
+    superseded, once a sweep resumed elsewhere reused its results; a FINISHED one is left alone."""
+    from mlflow import MlflowClient
+
+    from harness.tracking import sweep_run
+    from harness.tracking.tracking import TrackingConfig
+    from tests.harness_cli import empty_store, sqlite_uri
+
+    settings = TrackingConfig(uri=sqlite_uri(empty_store(tmp_path / "mlflow.db")))
+    old, done, new = tmp_path / "old", tmp_path / "done", tmp_path / "new"
+    ids = {}
+    for sweep in (old, done, new):
+        (sweep / "0").mkdir(parents=True)
+        (sweep / "multirun.yaml").write_text("hydra: {}\n")
+        (sweep / "0" / "result.json").write_text("{}")
+        ids[sweep.name] = sweep_run.start_parent_run(settings, sweep, {"tiny"}, ["system=a,b"])
+    sweep_run.end_parent_run(settings, ids["done"], "FINISHED", "finished")
+    reused = [old / "0" / "result.json", done / "0" / "result.json", new / "0" / "result.json"]
+    assert sweep_run.end_superseded_parents(settings, new, ids["new"], reused) == [ids["old"]]
+    client = MlflowClient(tracking_uri=settings.uri)
+    run = client.get_run(ids["old"])
+    assert run.info.status == "KILLED" and run.data.tags[sweep_run.ENDED_TAG] == "superseded"
+    assert run.data.tags["harness.superseded_by"] == ids["new"]
+    assert client.get_run(ids["done"]).info.status == "FINISHED"
+    assert client.get_run(ids["new"]).info.status == "RUNNING"

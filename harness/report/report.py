@@ -324,7 +324,7 @@ def run_report(argv: list[str]) -> int:
     if missing:
         raise HarnessError(f"--runs: no such directory: {', '.join(missing)}")
     where = args.from_mlflow or " ".join(map(str, roots))
-    probe_output_dir(args.out, "--out")  # now, not after reading every run
+    probe_output_dir(args.out, "--out", create=False)  # now, not after reading every run
     try:
         records = records_from_mlflow(args.from_mlflow, args.experiment) if args.from_mlflow else \
             records_from_dirs(roots)

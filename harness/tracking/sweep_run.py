@@ -272,7 +272,8 @@ class ParentRunGuard:
         status, why = ("KILLED", "interrupted") if interrupted else ("FAILED", "failed")
         try:
             end_parent_run(self.tracking, self.run_id, status, why, self.signal_name)
-            print(f"MLflow parent run {self.run_id} ended {status} (sweep {why})", file=sys.stderr)
+            if self.signal_name != "SIGINT":  # Ctrl-C: the entry point's one line says it (harness/__main__.py)
+                print(f"MLflow parent run {self.run_id} ended {status} (sweep {why})", file=sys.stderr)
         except Exception as exc:
             warn_failure(self.tracking.uri, "end of the parent run", exc)
 
