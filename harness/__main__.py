@@ -98,8 +98,8 @@ def interrupted_note() -> str:
     """What a Ctrl-C leaves: every file is written atomically, so only finished results exist."""
     hydra = HydraConfig.instance().cfg.hydra if HydraConfig.initialized() else None
     if hydra is not None and hydra.mode == RunMode.MULTIRUN:
-        return (f"the finished jobs' results are in {hydra.sweep.dir} (its MLflow parent run, if any, ends KILLED); run "
-                f"the same command with resume=true hydra.sweep.dir={hydra.sweep.dir} to finish the rest")
+        return (f"the finished jobs' results are in {hydra.sweep.dir} (its MLflow parent run, if any, ends "
+                f"KILLED); run the same command with resume=true hydra.sweep.dir={hydra.sweep.dir} to finish the rest")
     where = f" in {hydra.runtime.output_dir}" if hydra is not None else ""
     return f"this run wrote no result.json{where} (cached models and traces that were complete are kept); run it again"
 
