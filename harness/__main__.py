@@ -31,11 +31,13 @@ from harness.tracking.resume import resumed_result_path, skip_if_done
 from harness.tracking.tracking import log_if_missing, record_finished_run
 
 register_configs()
+RUN_DIR: str | None = None  # the run under way (Ctrl-C's line names it)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    run_dir = HydraConfig.get().runtime.output_dir
+    global RUN_DIR
+    run_dir = RUN_DIR = HydraConfig.get().runtime.output_dir
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         config = typed_config(cfg)  # below here, only the typed HarnessConfig
@@ -96,11 +98,11 @@ def saved_files(run_dir: str | os.PathLike) -> str:
 
 def interrupted_note() -> str:
     """What a Ctrl-C leaves: every file is written atomically, so only finished results exist."""
-    hydra = HydraConfig.instance().cfg.hydra if HydraConfig.initialized() else None
-    if hydra is not None and hydra.mode == RunMode.MULTIRUN:
-        return (f"the finished jobs' results are in {hydra.sweep.dir} (its MLflow parent run, if any, ends "
-                f"KILLED); run the same command with resume=true hydra.sweep.dir={hydra.sweep.dir} to finish the rest")
-    where = f" in {hydra.runtime.output_dir}" if hydra is not None else ""
+    sweep = callbacks.SWEEP_DIR
+    if sweep is not None:
+        return (f"the finished jobs' results are in {sweep} (its MLflow parent run, if any, ends KILLED); run the "
+                f"same command with resume=true hydra.sweep.dir={sweep} to finish the rest")
+    where = f" in {RUN_DIR}" if RUN_DIR else ""
     return f"this run wrote no result.json{where} (cached models and traces that were complete are kept); run it again"
 
 

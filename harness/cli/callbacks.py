@@ -45,6 +45,7 @@ SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES
 
 
 FAILED_JOBS = 0  # set by the last sweep in this process; `python -m harness` then exits 2
+SWEEP_DIR: Path | None = None  # the sweep under way in this process (Ctrl-C's line names it)
 
 
 def swept_models(config: DictConfig) -> set[str]:
@@ -87,8 +88,10 @@ class SweepCallback(Callback):
         return {**self.__dict__, "guard": None}  # the guard belongs to the launching process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global SWEEP_DIR
         directory = sweep_dir(config)
         directory.mkdir(parents=True, exist_ok=True)
+        SWEEP_DIR = directory
         settings = tracking_of(config)
         cluster.prepare_sweep(config, settings.enabled, settings.uri)  # before the launcher submits anything
         if not settings.enabled:
@@ -125,9 +128,10 @@ class SweepCallback(Callback):
         # a job skipped by resume printed its own line
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global FAILED_JOBS, SWEEP_DIR
         directory = sweep_dir(config)
+        SWEEP_DIR = None
         records = sweep_records(directory)
-        global FAILED_JOBS
         FAILED_JOBS = sum(r["status"] == "failed" for r in records)
         try:
             files = write_sweep_summary(directory, records) if records else []
