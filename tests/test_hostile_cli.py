@@ -54,7 +54,7 @@ def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_the_parent_ends_killed(proxy
     finally:
         if proc.poll() is None:
             proc.kill()
-    lines = [ln for ln in err.splitlines() if ln.strip() and "prompt/s" not in ln]  # the progress bars aside
+    lines = [ln for ln in err.splitlines() if ln.strip() and "%|" not in ln]  # the progress bars aside
     assert proc.returncode == 130, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("interrupted: ") and "resume=true" in lines[0], err[-3000:]
     parents, _ = parent_and_children(store)
@@ -74,7 +74,7 @@ def test_a_full_disk_mid_run_is_one_line_naming_what_was_saved(proxy_cache, tiny
         proc = run_module("harness", [*TINY, "system=gpu_only", "tracking.enabled=false", f"hydra.run.dir={run_dir}"],
                           proxy_cache, timeout=300)
         left = sorted(p.name for p in run_dir.iterdir())
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "prompt/s" not in ln]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "%|" not in ln]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert lines[0].startswith(f"error: cannot write {run_dir / 'result.json'} (No space left on device)")
     assert lines[0].endswith(f"saved in {run_dir}: __main__.log") and left == [".hydra", "__main__.log"]
