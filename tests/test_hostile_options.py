@@ -382,3 +382,13 @@ def test_a_resume_in_a_new_dir_ends_the_parent_it_supersedes(tmp_path):
     assert run.data.tags["harness.superseded_by"] == ids["new"]
     assert client.get_run(ids["done"]).info.status == "FINISHED"
     assert client.get_run(ids["new"]).info.status == "RUNNING"
+
+
+def test_an_unknown_experiment_is_named_not_reported_as_no_runs(tmp_path):
+    from harness.report.report import main
+    from tests.harness_cli import empty_store, sqlite_uri
+
+    store = empty_store(tmp_path / "mlflow.db")
+    first.expect_tool_error(main, ["--from-mlflow", sqlite_uri(store), "--experiment", "nope", "--out",
+                                   str(tmp_path / "out")], "--experiment nope: no such experiment")
+    assert not (tmp_path / "out").exists()
