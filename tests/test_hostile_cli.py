@@ -78,3 +78,35 @@ def test_a_full_disk_mid_run_is_one_line_naming_what_was_saved(proxy_cache, tiny
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert lines[0].startswith(f"error: cannot write {run_dir / 'result.json'} (No space left on device)")
     assert lines[0].endswith(f"saved in {run_dir}: __main__.log") and left == [".hydra", "__main__.log"]
+
+
+def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache, tiny_dir, tmp_path):
+    """SIGKILL leaves the first sweep's parent RUNNING; resume=true in another dir reuses its
+    result and ends that parent KILLED (superseded)."""
+    store = empty_store(tmp_path / "mlflow.db")
+    cache = tmp_path / "cache"  # its own resume index: only this test's results are reused
+    (cache / "results").mkdir(parents=True)
+    (cache / "proxies").symlink_to(proxy_cache / "proxies")
+    common = ["-m", *TINY, "decode.gen_length=8", "budget=55GB", "system=gpu_only,fiddler,mixtral_offload",
+              f"tracking.uri={sqlite_uri(store)}", f"cache_dir={cache}"]
+    old = tmp_path / "old"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *common, f"hydra.sweep.dir={old}"], cwd=REPO,
+                            env=harness_env(proxy_cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not any((cache / "results").glob("*.json")):  # a finished job, indexed for resume
+            assert proc.poll() is None and time.monotonic() < deadline, "no first indexed result"
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [killed] = parent_and_children(store)[0]
+    assert killed.info.status == "RUNNING"
+    resumed = run_module("harness", [*common, "resume=true", f"hydra.sweep.dir={tmp_path / 'new'}"], proxy_cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    parents = {p.info.run_id: p for p in parent_and_children(store)[0]}
+    assert parents[killed.info.run_id].info.status == "KILLED"
+    assert parents[killed.info.run_id].data.tags["harness.ended"] == "superseded"
+    assert [p.info.status for i, p in parents.items() if i != killed.info.run_id] == ["FINISHED"]
