@@ -4,7 +4,9 @@ Hydra reports a bad override (unknown group option, wrong type, unknown key) in 
 lines and exit code 1. The harness composes every override here first, each sweep value
 once, types it (`typed_config`: the config dataclasses check their values) and reports
 the first problem as one line naming the key and what is allowed, so a sweep never
-starts with a typo in its tenth job.
+starts with a typo in its tenth job. Before that, the command line's shape (flags, glob
+sweeps, the number of jobs: harness/cli/argv_check.py); after it, the output locations
+(run or sweep dir, cache dir) and the tracking store (harness/files.py, docs/bad-input.md).
 """
 
 from __future__ import annotations
