@@ -23,6 +23,7 @@ import pandas as pd
 
 from harness.common.errors import HarnessError, check_output_dir, exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.common.paths import probe_output_dir
 from harness.placement.trace import RoutingTrace
 from harness.traces.routing_stats import STAT_KEYS, statistics_with_uniform
 from harness.traces.stability import denoise_runs, stability_table
@@ -105,6 +106,8 @@ def main(argv: list[str]) -> int:
     longest = max((len(run) for run in denoise_runs(trace)), default=1)
     b = int_arg(args, "B", 64, trace.n_experts, "the trace's experts per layer")
     max_k = int_arg(args, "max_k", 8, max(1, longest - 1), "the longest block's denoising steps - 1")
+    if args.get("format", "table") == "table":
+        probe_output_dir(out, "out", create=False)  # before the analysis, not after it
     stats = statistics_with_uniform(trace, b, max_k)
     if args.get("format", "table") == "json":
         decode = trace.meta.get("decode") if isinstance(trace.meta.get("decode"), dict) else {}

@@ -157,7 +157,8 @@ def parse(argv: list[str]) -> dict[str, str | None]:
 def count(args: dict[str, str | None], key: str, upper: int) -> int:
     """A positive integer argument up to `upper`."""
     text = str(args[key])
-    if not text.isdigit() or not 1 <= int(text) <= upper:
+    # str.isdigit() accepts '²' and '٣', which int() refuses or reads: only ASCII digits
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= upper:
         raise HarnessError(f"{key}={text!r} must be an integer between 1 and {upper}")
     return int(text)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from harness.common.errors import HarnessError, exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.common.paths import probe_output_dir
 from harness.decode.decoding import DecodeSettings, decode
 from harness.model.checkpoint import from_pretrained, load_tokenizer
 from harness.model.llada2 import KVCache
@@ -52,15 +53,30 @@ def sample_text(directory: Path, prompt: str = SAMPLE_PROMPT, gen_length: int = 
     return tokenizer.decode(out.generated[: out.n_generated])
 
 
+MAX_SEED = 2**63 - 1
+
+
+def seed_arg(args: dict[str, str]) -> int:
+    text = args.get("seed", "0")
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_SEED:
+        raise HarnessError(f"seed={text!r} must be an integer in [0, 2**63-1]")
+    return int(text)
+
+
+def sample_arg(args: dict[str, str]) -> bool:
+    text = args.get("sample", "true").lower()
+    if text not in ("true", "false"):
+        raise HarnessError(f"sample={args['sample']!r} must be true or false")
+    return text == "true"
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    try:
-        seed = int(args.get("seed", 0))
-    except ValueError:
-        raise HarnessError(f"seed={args['seed']!r} must be an integer") from None
+    seed, sample = seed_arg(args), sample_arg(args)
     cache = Path(args.get("cache_dir", os.environ.get("HARNESS_CACHE", "outputs/cache"))) / "proxies"
     kind = args.get("recipe", "cpu")
     recipe(args["model"], kind)  # a bad name or no CUDA for recipe=gpu: one line, before anything is built
+    probe_output_dir(cache, "cache_dir")  # not after the training: an unwritable cache fails now
     directory = trained_dir(args["model"], cache, seed, kind)
     cached = (directory / "PROXY_COMPLETE").exists()
     start = time.perf_counter()
@@ -75,7 +91,7 @@ def main(argv: list[str]) -> int:
               f"training wall {info['wall_s']:.0f} s")
         if "masked_ce_by_ratio" in info:  # older training.json files lack it
             print(f"  {describe_context_use(info['masked_ce_by_ratio'])}")
-    if args.get("sample", "true").lower() != "false":
+    if sample:
         print(f"  prompt: {SAMPLE_PROMPT!r}\n  output: {sample_text(directory)!r}")
     return 0
 

@@ -25,6 +25,7 @@ to within the imbalance this cost already captures).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from harness.accounting.cost import CostModel
 
 TOPOLOGIES = ("single", "multi")
+MAX_GPUS = 256  # the published models' experts per layer: more GPUs would own none
 VARIABILITY_SPREAD = {"none": 0.0, "low": 0.05, "medium": 0.15, "high": 0.30}
 
 
@@ -63,12 +65,15 @@ class TopologyConfig:
                     f"topology.n_gpus={self.n_gpus}"
                 )
             return
-        if self.n_gpus < 2:
+        if not 2 <= self.n_gpus <= MAX_GPUS:
+            raise HarnessError(f"topology.n_gpus={self.n_gpus} must be between 2 and {MAX_GPUS} with topology=multi "
+                               "(each GPU owns at least one of a layer's 256 experts; or use topology=single)")
+        if not 0 <= self.seed <= 2**63 - 1:
+            raise HarnessError(f"topology.seed={self.seed} must be in [0, 2**63-1]")
+        if self.speeds and (len(self.speeds) != self.n_gpus
+                            or not all(math.isfinite(float(s)) and float(s) > 0 for s in self.speeds)):
             raise HarnessError(
-                f"topology.n_gpus={self.n_gpus} must be >= 2 with topology=multi (or use topology=single)")
-        if self.speeds and (len(self.speeds) != self.n_gpus or not all(float(s) > 0 for s in self.speeds)):
-            raise HarnessError(
-                f"topology.speeds must hold {self.n_gpus} positive relative speeds (got {list(self.speeds)}); "
+                f"topology.speeds must hold {self.n_gpus} finite positive relative speeds (got {list(self.speeds)}); "
                 "or leave it empty to draw them from topology.variability"
             )
 

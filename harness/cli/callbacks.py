@@ -22,6 +22,7 @@ own store failures so that a sweep never stops because MLflow is unreachable.
 from __future__ import annotations
 
 import math
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.common.files import read_json
 from harness.job import mlflow_log as tracking
-from harness.job.resume import RESUMED_FILE
+from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report.plots import all_figures, figure_files
 from harness.report.tables import sweep_markdown, sweep_records, sweep_table
 from harness.results.records import SWEEP_FILES, compact_line, record_from_result
@@ -46,6 +47,7 @@ SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG = SWEEP_FILES  # throughput.png: one of 
 
 
 FAILED_JOBS = 0  # set by the last sweep in this process; `python -m harness` then exits 2
+SWEEP_DIR: Path | None = None  # the sweep under way in this process (Ctrl-C's line names it)
 
 
 def swept_models(config: DictConfig) -> set[str]:
@@ -88,8 +90,10 @@ class SweepCallback(Callback):
         return {**self.__dict__, "guard": None}  # the guard belongs to the launching process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global SWEEP_DIR
         directory = sweep_dir(config)
         directory.mkdir(parents=True, exist_ok=True)
+        SWEEP_DIR = directory
         settings = tracking_of(config)
         cluster.prepare_sweep(config, settings.enabled, settings.uri)  # before the launcher submits anything
         if not settings.enabled:
@@ -127,11 +131,17 @@ class SweepCallback(Callback):
         # a job skipped by resume printed its own line
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global FAILED_JOBS, SWEEP_DIR
         directory = sweep_dir(config)
+        SWEEP_DIR = None
         records = sweep_records(directory)
-        global FAILED_JOBS
         FAILED_JOBS = sum(r["status"] == "failed" for r in records)
-        files = write_sweep_summary(directory, records) if records else []
+        try:
+            files = write_sweep_summary(directory, records) if records else []
+        except OSError as exc:  # a full or read-only disk: the jobs' own results are already saved
+            print(f"warning: the sweep summary was not written to {directory} ({exc.strerror or exc}); the jobs' "
+                  "results are in their dirs: python -m harness.report --runs " + str(directory), file=sys.stderr)
+            files, records = [], []
         if records:
             print(f"sweep summary ({directory}):")
             print((directory / SUMMARY_MD).read_text(), end="")
@@ -147,6 +157,10 @@ class SweepCallback(Callback):
             sweep_run.finish_parent_run(settings, self.parent_run_id, files, sweep_metrics(records),
                                         mlflow_ui.parent_description(self.command, table, note),
                                         sweep_run.workloads_in(directory), best_run_tags(records))
+            if bool(config.resume):  # a resume in a new dir: the killed sweep's parent is over
+                reused = [p for p in map(resumed_result_path, {f.parent for f in directory.rglob(RESUMED_FILE)}) if p]
+                for old in sweep_run.end_superseded_parents(settings, directory, self.parent_run_id, reused):
+                    print(f"MLflow parent run {old} of the sweep this one resumed ended KILLED (superseded)")
             print(mlflow_ui.ui_hint(tracking.normalize_uri(settings.uri), experiment_of(directory, settings.uri)))
         except Exception as exc:
             tracking.warn_failure(settings.uri, "sweep summary", exc)

@@ -4,7 +4,9 @@ Hydra reports a bad override (unknown group option, wrong type, unknown key) in 
 lines and exit code 1. The harness composes every override here first, each sweep value
 once, types it (`typed_config`: the config dataclasses check their values) and reports
 the first problem as one line naming the key and what is allowed, so a sweep never
-starts with a typo in its tenth job.
+starts with a typo in its tenth job. Before that, the command line's shape (flags, glob
+sweeps, the number of jobs: harness/cli/argv_check.py); after it, the output locations
+(run or sweep dir, cache dir) and the tracking store (harness/common/paths.py, docs/bad-input.md).
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from harness.cli.argv_check import check_flags, check_job_count, expand_globs, range_ends, split_max_jobs
 from harness.cli.hints import config_keys, refuse_schema_options, refuse_sweep_without_multirun, with_hint
 from harness.common.errors import HarnessError
+from harness.common.paths import probe_output_dir, probe_output_parent
 from harness.job.config import HarnessConfig
+from harness.tracking.uris import check_store_is_mlflow
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
 _FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package"}
@@ -49,7 +55,8 @@ def user_overrides(argv: list[str]) -> list[str] | None:
 
 
 def override_variants(overrides: list[str]) -> list[list[str]]:
-    """One override list per sweep value (others at their first value): linear, not a grid."""
+    """One override list per sweep value (others at their first value): linear, not a grid.
+    A range sweep contributes its two ends only (argv_check.range_ends)."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
@@ -58,7 +65,10 @@ def override_variants(overrides: list[str]) -> list[list[str]]:
     for ov in parsed:
         if ov.is_sweep_override():
             key = ov.get_key_element()
-            values = [f"{key}={v}" for v in ov.sweep_string_iterator()]
+            if ov.value_type == ValueType.RANGE_SWEEP:
+                values = [f"{key}={v}" for v in range_ends(ov)]
+            else:
+                values = [f"{key}={v}" for v in ov.sweep_string_iterator()]
             sweeps.append((len(base), values))
             base.append(values[0])
         else:
@@ -90,13 +100,13 @@ def compose_checked(overrides: list[str]) -> HarnessConfig:
     return typed_config(compose_raw(overrides))
 
 
-def compose_raw(overrides: list[str]) -> DictConfig:
-    """The composed, untyped job config (what Hydra hands `main`); problems are one-line
-    HarnessErrors."""
+def compose_raw(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The composed, untyped job config (what Hydra hands `main`; with `with_hydra`, its
+    `hydra` node too); problems are one-line HarnessErrors."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
     except MissingConfigException as exc:
         raise HarnessError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
@@ -106,16 +116,25 @@ def compose_raw(overrides: list[str]) -> DictConfig:
     return cfg
 
 
-def precheck(argv: list[str]) -> None:
-    """Every override composed and typed (each sweep value once) before Hydra runs; the
-    common mistakes (harness/cli/hints.py) answered with their fix."""
+def precheck(argv: list[str]) -> list[str]:
+    """Check the command line: its flags, the size of the sweep, every override (each sweep
+    value; the common mistakes answered with their fix, harness/cli/hints.py), then the
+    output locations. Returns the argv for Hydra: glob sweeps expanded and `sweep.max_jobs`
+    removed (harness/cli/argv_check.py)."""
+    argv, max_jobs = split_max_jobs(argv)
+    check_flags(argv, Path(CONF_DIR))
+    argv = expand_globs(argv, Path(CONF_DIR))
     overrides = user_overrides(argv)
     if overrides is None:
-        return
+        return argv
     refuse_schema_options(overrides)
     refuse_sweep_without_multirun(argv, overrides)
-    for variant in override_variants(overrides):
+    check_job_count(overrides, max_jobs)
+    variants = override_variants(overrides)
+    for variant in variants:
         compose_with_hints(variant)
+    probe_outputs(argv, variants[0])
+    return argv
 
 
 def compose_with_hints(overrides: list[str]) -> HarnessConfig:
@@ -129,6 +148,24 @@ def compose_with_hints(overrides: list[str]) -> HarnessConfig:
 def keys_under(parent: str) -> list[str]:
     """The keys of the default config under `parent` (for "did you mean")."""
     return config_keys(compose_raw([]), parent)
+
+
+def probe_outputs(argv: list[str], overrides: list[str]) -> None:
+    """The run dir (or the sweep dir) and the cache dir are created and written to now, and
+    a SQLite tracking store is MLflow's: not after minutes of work (harness/common/paths.py)."""
+    hydra_overrides = [a for a in argv if not a.startswith("-") and a.lstrip("+~").startswith("hydra")]
+    cfg = compose_raw([*overrides, *hydra_overrides], with_hydra=True)
+    try:
+        multirun = "-m" in argv or "--multirun" in argv or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        directory = str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
+        cache_dir, tracking = str(cfg.cache_dir), cfg.tracking
+    except OmegaConfBaseException as exc:
+        raise HarnessError(one_line(exc)) from None
+    probe_output_parent(directory, key)
+    probe_output_dir(cache_dir, "cache_dir")
+    if tracking.enabled:
+        check_store_is_mlflow(str(tracking.uri))
 
 
 def _bad_override(overrides: list[str], exc: HydraException) -> str:

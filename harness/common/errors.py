@@ -7,6 +7,7 @@ so every message must name the problem and the fix on its own.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +18,34 @@ class HarnessError(Exception):
     """Bad input or a broken artifact (config, checkpoint, prompts file, trace)."""
 
 
+class OutputError(HarnessError, OSError):
+    """A write the harness could not do: a full disk, a read-only file system (harness/common/paths.py).
+    Still an OSError, for callers that tolerate one."""
+
+
+# errnos that only a write produces: any OSError with one is an output problem, not a bug
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
 def exit_with(main: Callable[[list[str]], int], argv: list[str]) -> NoReturn:
-    """Run a command-line `main(argv)` and exit with its code; a `HarnessError` becomes one
-    line on stderr and exit code 2."""
+    """Run a command-line `main(argv)` and exit with its code; a `HarnessError` (or a write
+    that failed on a full or read-only disk) becomes one line on stderr and exit code 2,
+    Ctrl-C one line and exit code 130."""
     try:
         code = main(argv)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 2
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        print(f"error: cannot write {exc.filename or 'the output'} ({exc.strerror}); free space or give a "
+              "writable location, then run again", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("interrupted: files are written whole or not at all, so what exists is complete; run it again",
+              file=sys.stderr)
+        code = 130
     sys.exit(code)
 
 

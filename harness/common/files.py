@@ -11,13 +11,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from harness.common.paths import output_error
+
 
 def write_atomic(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
     """Write `path` through `write(f)` on a temporary sibling, fsync it and rename it into
-    place; on any failure the temporary file goes and the old `path` stays untouched."""
+    place; on any failure the temporary file goes and the old `path` stays untouched. A
+    failure of the place (full, read-only) is an OutputError, one line naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise output_error(path, exc) from None
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are shared (SLURM file systems)
         with os.fdopen(fd, "wb") as f:
@@ -25,6 +31,9 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a file system remounted read-only: one line (harness/common/paths.py)
+        Path(tmp).unlink(missing_ok=True)
+        raise output_error(path, exc) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

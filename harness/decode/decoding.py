@@ -28,6 +28,7 @@ from harness.common.errors import HarnessError
 from harness.placement.steps import ForwardKind, StepInfo
 
 CACHE_MODES = ("prefix", "none")
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
 
 
 @dataclass
@@ -59,6 +60,9 @@ class DecodeSettings:
                  f"decode.temperature={self.temperature} must be a finite number >= 0 (0 = argmax; inf would "
                  "sample uniformly)")
         _require(self.temperature >= 0, f"decode.temperature={self.temperature} must be >= 0 (0 = argmax)")
+        _require(self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE,
+                 f"decode.temperature={self.temperature} must be 0 (argmax) or between {MIN_TEMPERATURE} and "
+                 f"{MAX_TEMPERATURE} (below, logits / temperature overflow; above, sampling is uniform)")
         _require(0 <= self.seed <= 2**63 - 1, f"decode.seed={self.seed} must be in [0, 2**63-1]")
         _require(self.cache in CACHE_MODES, f"decode.cache={self.cache!r} is not allowed; use prefix or none")
 
@@ -119,6 +123,14 @@ def pick_tokens(
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tok, probs.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def check_finite_logits(logits: torch.Tensor, prompt: int, block: int, step: int) -> None:
+    """Tokens picked from NaN or Inf logits are garbage that the gpu_only reference (which
+    computes the same garbage) would call lossless: refuse them instead."""
+    if not bool(torch.isfinite(logits).all()):
+        raise HarnessError(f"the model produced NaN or Inf logits (prompt {prompt}, block {block}, step {step}); "
+                           "its weights are broken or overflow model.dtype, so no token can be trusted")
 
 
 def select_positions(conf: torch.Tensor, masked: torch.Tensor, threshold: float, count: int) -> torch.Tensor:
@@ -194,6 +206,7 @@ def decode(
                 logits = fwd("denoise", b, s, is_first, x[start:end], torch.arange(start, end), cache)
             else:
                 logits = fwd("denoise", b, s, is_first, x[:end], torch.arange(end), None)[-lb:]
+            check_finite_logits(logits, prompt_index, b, s)
             tok, p = pick_tokens(logits, settings.temperature, generator)
             take = select_positions(p, masked, settings.threshold, schedule[s])
             x[start:end] = torch.where(take, tok, x[start:end])

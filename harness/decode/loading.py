@@ -36,5 +36,6 @@ def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
         kind = model_cfg.weights
         path = ensure_weights(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed, kind)
         weights = RESULT_WEIGHTS[kind]
-    model = from_pretrained(path, model_cfg.dtype)
+    # the NaN/Inf scan of the weights is remembered per checkpoint identity (harness/model/checkpoint.py)
+    model = from_pretrained(path, model_cfg.dtype, finite_cache=Path(cache_dir) / "finite")
     return LoadedModel(model, load_tokenizer(path), weights, path, nominal_geometry(model_cfg))

@@ -5,15 +5,21 @@ every expert in place and cached; other runs compare token ids position by posit
 On one device the engine's canonical combine makes every system bit-identical, so any
 mismatch there is a bug. On CUDA, CPU and GPU kernels round differently, so the match
 rate and the first differing position are what the check reports.
+
+A cached entry holds its key and a digest of its tokens; one that does not match its key,
+its digest or the workload's shape is recomputed (`load_reference` returns None).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.common.files import read_json, write_json_atomic
+from harness.common.paths import file_kind
 
 
 @dataclass(frozen=True)
@@ -53,15 +59,37 @@ def reference_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / "reference" / f"{key}.json"
 
 
-def load_reference(cache_dir: str | Path, key: str) -> list[list[int]] | None:
+def tokens_digest(tokens: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+
+
+def load_reference(cache_dir: str | Path, key: str, shape: tuple[int, int] | None = None) -> list[list[int]] | None:
+    """The cached reference tokens of `key`, or None when there are none or the entry does
+    not match: another key, a digest that does not match its tokens (a damaged file), or
+    not `shape` = (prompts, gen_length) lists of ids. A None is recomputed, never compared."""
     path = reference_path(cache_dir, key)
-    if not path.exists():
-        return None
+    if file_kind(path) != "file":
+        return None  # missing, or something write_atomic will replace with the real entry
     try:
-        return read_json(path)["tokens"]
-    except (ValueError, KeyError):  # a damaged cache entry is recomputed, never trusted
+        entry = read_json(path)
+    except (OSError, ValueError):
         return None
+    if not isinstance(entry, dict) or entry.get("key") != key:
+        return None
+    tokens = entry.get("tokens")
+    if not _is_token_table(tokens, shape) or entry.get("digest") != tokens_digest(tokens):
+        return None
+    return tokens
+
+
+def _is_token_table(tokens: Any, shape: tuple[int, int] | None) -> bool:
+    if not isinstance(tokens, list) or not all(isinstance(row, list) for row in tokens):
+        return False
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for row in tokens for t in row):
+        return False
+    return shape is None or (len(tokens) == shape[0] and all(len(row) == shape[1] for row in tokens))
 
 
 def store_reference(cache_dir: str | Path, key: str, tokens: list[list[int]], meta: dict[str, Any]) -> Path:
-    return write_json_atomic(reference_path(cache_dir, key), {"meta": meta, "tokens": tokens})
+    entry = {"key": key, "meta": meta, "digest": tokens_digest(tokens), "tokens": tokens}
+    return write_json_atomic(reference_path(cache_dir, key), entry)

@@ -13,7 +13,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from omegaconf import MISSING
+
 from harness.common.errors import HarnessError
+from harness.common.paths import require_regular_file
 
 
 @dataclass
@@ -24,27 +27,36 @@ class WorkloadConfig:
     prompts: list[str] = field(default_factory=list)
     dataset: str | None = None  # a bundled benchmark: humaneval (harness/decode/workload.py)
 
+    def __post_init__(self) -> None:
+        """One source of prompts: a file given with a dataset would be silently ignored."""
+        if self.path is not None and self.dataset is not None and self.path != MISSING:
+            raise HarnessError(f"workload.path={self.path!r} and workload.dataset={self.dataset!r} are both set; a "
+                               "run reads one of them: use workload=jsonl workload.path=... or workload=humaneval, "
+                               "not both")
+
 
 MAX_PROMPTS_FILE_BYTES = 64 * 2**20  # a prompts file, not a corpus: larger ones are a wrong path
 
 
 def read_prompts_text(path: Path) -> str:
-    """The prompts file's text; one-line errors for a directory, a huge or a non-UTF-8 file."""
-    if path.is_dir():
-        raise HarnessError(f"workload.path={str(path)!r} is a directory; give a JSON-lines file of prompts")
-    if not path.is_file():
-        raise HarnessError(f"workload.path={str(path)!r} does not exist; give a JSON-lines file of prompts")
+    """The prompts file's text (a UTF-8 byte-order mark is dropped); one-line errors for
+    anything but a regular file, a huge file, or bytes that are not UTF-8 (with the line)."""
+    label = f"workload.path={str(path)!r}"
+    require_regular_file(path, label, "give a JSON-lines file of prompts")
     size = path.stat().st_size
     if size > MAX_PROMPTS_FILE_BYTES:
-        raise HarnessError(f"workload.path={str(path)!r} is {size / 2**20:.0f} MiB, more than the "
+        raise HarnessError(f"{label} is {size / 2**20:.0f} MiB, more than the "
                            f"{MAX_PROMPTS_FILE_BYTES // 2**20} MiB a prompts file may hold; is it the right file?")
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise HarnessError(f"workload.path={str(path)!r} is not UTF-8 text (byte {exc.start}); "
-                           "give a JSON-lines file of prompts") from None
+        data = path.read_bytes()
     except OSError as exc:
-        raise HarnessError(f"cannot read workload.path={str(path)!r} ({exc.strerror or exc})") from None
+        raise HarnessError(f"cannot read {label} ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise HarnessError(f"{label} is not UTF-8 text (line {line}, byte {exc.start}); "
+                           "give a JSON-lines file of prompts") from None
 
 
 def read_jsonl_prompts(path: str | Path, key: str) -> list[str]:
@@ -60,10 +72,20 @@ def read_jsonl_prompts(path: str | Path, key: str) -> list[str]:
                                f'{{"{key}": "..."}}') from None
         if not isinstance(obj, dict) or not isinstance(obj.get(key), str) or not obj[key].strip():
             raise HarnessError(f"{path}:{n} has no non-empty string under {key!r} (workload.prompt_field)")
+        check_unicode(obj[key], f"{path}:{n}")
         prompts.append(obj[key])
     if not prompts:
         raise HarnessError(f"{path} holds no prompts; add lines like {{\"{key}\": \"...\"}}")
     return prompts
+
+
+def check_unicode(text: str, where: str) -> None:
+    """A JSON escape can spell a lone surrogate (\\ud800), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise HarnessError(f"{where} holds invalid Unicode (a lone surrogate U+{ord(text[exc.start]):04X} at "
+                           f"character {exc.start}); fix the prompt's escapes") from None
 
 
 DATASETS = ("humaneval",)

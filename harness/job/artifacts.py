@@ -84,9 +84,16 @@ def code_version() -> str:
 def checkpoint_files(path: Path) -> str:
     """Size and modification time of a real checkpoint's weights and configs: a checkpoint
     replaced at the same path gets new artifacts."""
-    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                   for p in path.glob("*") if p.suffix in (".safetensors", ".json"))
+    stats = sorted(_size_and_time(p) for p in path.glob("*") if p.suffix in (".safetensors", ".json"))
     return fingerprint({"files": stats})
+
+
+def _size_and_time(path: Path) -> tuple[str, int, int]:
+    try:
+        st = path.stat()
+    except OSError:  # a broken link: the loader refuses it by name; the key just has to differ
+        return path.name, -1, -1
+    return path.name, st.st_size, st.st_mtime_ns
 
 
 def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
@@ -179,11 +186,11 @@ def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSetti
     if trace is None:
         trace, batch = record_trace(load(), cfg, prompts, settings, "workload")
         trace.save(path)
-        if load_reference(cfg.cache_dir, key) is None:
+        if load_reference(cfg.cache_dir, key, (len(prompts), settings.gen_length)) is None:
             store_reference(cfg.cache_dir, key, [o.generated for o in batch.outputs], model_identity(cfg))
     return trace, path
 
 
 def reference_tokens(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
     key = artifact_key(cfg, settings, prompts)
-    return key, load_reference(cfg.cache_dir, key)
+    return key, load_reference(cfg.cache_dir, key, (len(prompts), settings.gen_length))

@@ -80,6 +80,7 @@ class HarnessConfig:
             "(one JSON object with a 'prompt' per line) or list workload.prompts",
         )
         require(self.source in SOURCES, f"source={self.source!r} is not allowed; use live or trace")
+        self._check_trace_options()
         require(
             self.limit_prompts is None or self.limit_prompts > 0,
             f"limit_prompts={self.limit_prompts} must be positive or null",
@@ -91,6 +92,16 @@ class HarnessConfig:
             system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
         if given(self.model.name):
             self._check_lengths()
+
+    def _check_trace_options(self) -> None:
+        """trace.record belongs to a live run and trace.path to a replay: either one in the
+        other kind of run would be ignored without a word."""
+        require(not (self.source == "trace" and self.trace.record),
+                 "trace.record=true records a live run's routing, but source=trace replays one; drop "
+                 "trace.record or use source=live")
+        require(self.source == "trace" or self.trace.path is None,
+                 f"trace.path={self.trace.path!r} is read only by a replay (source=trace); a live run decodes "
+                 "its own routing: add source=trace or drop trace.path")
 
     def _check_lengths(self) -> None:
         """decode lengths against the model's positions (the published, or the proxy's,

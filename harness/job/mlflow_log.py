@@ -27,6 +27,7 @@ from hydra.types import RunMode
 
 from harness.common.errors import HarnessError
 from harness.common.keyvalue import as_flags, program_name
+from harness.common.paths import require_regular_file
 from harness.job.resume import config_hash, index_result
 from harness.results.records import SWEEP_FILES, workload_of
 from harness.results.run_result import RunResult
@@ -71,7 +72,7 @@ from harness.tracking.sweep_run import (
     sweep_figures,
     workloads_in,
 )
-from harness.tracking.uris import check_tracking_uri
+from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
 
 if TYPE_CHECKING:
     from harness.job.config import HarnessConfig
@@ -266,6 +267,20 @@ def push(roots: list[Path], tracking: TrackingConfig) -> tuple[int, int, int]:
 PUSH_FLAGS = {"uri": "--uri", "experiment": "--experiment"}
 
 
+def check_results_readable(roots: list[Path]) -> None:
+    """Every result.json to push reads as a result: a damaged one is named before anything
+    is logged, instead of a decoder message per file and exit code 1."""
+    for run_dir in result_dirs(roots):
+        require_regular_file(run_dir / RESULT_FILE, str(run_dir / RESULT_FILE), "move that run dir out of the "
+                             "pushed dirs")  # a FIFO would block the read
+        try:
+            RunResult.from_json(run_dir / RESULT_FILE)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, HarnessError) as exc:
+            reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+            raise HarnessError(f"{run_dir / RESULT_FILE} is not a readable result ({reason}); fix it or move "
+                               "that run dir out of the pushed dirs") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = program_name("python -m harness.tracking")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
@@ -287,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
         print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        check_store_is_mlflow(normalize_uri(args.uri), "--uri")
+        check_results_readable(args.dirs)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     logged, present, failed = push(args.dirs, TrackingConfig(uri=args.uri, experiment=args.experiment))
     print(f"push to {normalize_uri(args.uri)}: {logged} logged, {present} already there, {failed} failed")

@@ -5,11 +5,17 @@ shards listed by `model.safetensors.index.json`, and tokenizer files. Shards are
 memory-mapped and tensors are zero-copy views of the mapping, so a 100 GB checkpoint's
 experts are paged in when they are first used, not when the model is built. (When the
 requested dtype differs from the stored one, a tensor is converted, which materialises
-it.) Every way a checkpoint can be broken gets a one-line `HarnessError`.
+it.) Every way a checkpoint can be broken gets a one-line `HarnessError`; that includes
+a NaN or an Inf in any tensor (`check_finite`: one pass over the weights, remembered per
+checkpoint identity in the cache), which would otherwise decode garbage that the equally
+broken gpu_only reference calls lossless.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import itertools
 import json
 import math
 import mmap
@@ -22,6 +28,8 @@ from pathlib import Path
 import torch
 
 from harness.common.errors import HarnessError
+from harness.common.files import write_json_atomic
+from harness.common.paths import check_no_special_files, file_kind, require_regular_file
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import LLaDA2Model
 
@@ -59,13 +67,27 @@ def read_shard_header(path: Path) -> dict[str, TensorEntry]:
         if key == "__metadata__":
             continue
         entries[key] = _tensor_entry(path, key, meta, data_start, size)
+    check_no_overlap(path, entries)
     return entries
+
+
+def check_no_overlap(path: Path, entries: dict[str, TensorEntry]) -> None:
+    """No two tensors share bytes: overlapping offsets load (each view reads the other's
+    bytes), so a hand-edited or corrupt header would silently alias weights."""
+    spans = sorted((e.begin, e.end, key) for key, e in entries.items() if e.end > e.begin)
+    for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
+        if begin < end:
+            raise HarnessError(f"shard {path} is corrupt: the data_offsets of {second} overlap those of {first}; "
+                               "re-download it")
 
 
 def _read_header_json(path: Path) -> tuple[object, int, int]:
     """(parsed header, first data byte, file size); one-line errors for a short or unreadable file."""
-    if path.is_dir():
+    kind = file_kind(path)
+    if kind == "a directory":
         raise HarnessError(f"shard {path} is a directory, not a safetensors file")
+    if kind not in ("file", "missing"):  # a FIFO blocks open() forever
+        require_regular_file(path, f"shard {path}", "the checkpoint is incomplete, re-download it")
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -119,6 +141,7 @@ def _is_count(value: object) -> bool:
 
 def index_checkpoint(directory: Path) -> dict[str, TensorEntry]:
     """Every tensor of the checkpoint, from the index (sharded) or the single file."""
+    check_no_special_files(directory, f"checkpoint {directory}")
     index_path = directory / INDEX_FILE
     if index_path.exists():
         weight_map = read_weight_map(index_path)
@@ -139,6 +162,7 @@ def index_checkpoint(directory: Path) -> dict[str, TensorEntry]:
 
 def read_weight_map(index_path: Path) -> dict[str, str]:
     """The index's {tensor name: shard file}; every shard a plain file name in the directory."""
+    require_regular_file(index_path, str(index_path), "the checkpoint's index must be a JSON file")
     try:
         weight_map = json.loads(index_path.read_text())["weight_map"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IsADirectoryError, RecursionError):
@@ -200,8 +224,50 @@ def check_no_unexpected(directory: Path, entries: dict[str, TensorEntry], expect
         )
 
 
-def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Model:
-    """Build the model from a checkpoint directory (real or proxy: same code path)."""
+SCAN_ELEMENTS = 1 << 24  # elements per isfinite pass: bounded temporaries on a 100 GB checkpoint
+
+
+def first_non_finite(entries: dict[str, TensorEntry], maps: ShardMaps) -> str | None:
+    """The name of the first tensor (in file order) holding a NaN or an Inf, or None."""
+    for name, entry in sorted(entries.items(), key=lambda item: (str(item[1].shard), item[1].begin)):
+        flat = maps.tensor(entry).reshape(-1)
+        for start in range(0, flat.numel(), SCAN_ELEMENTS):
+            if not bool(torch.isfinite(flat[start : start + SCAN_ELEMENTS]).all()):
+                return name
+    return None
+
+
+def finite_marker(directory: Path, entries: dict[str, TensorEntry], cache_dir: Path) -> Path:
+    """Where a finished scan of this checkpoint is remembered: keyed by the directory and
+    the name, size and modification time of every shard, so a replaced shard is scanned again."""
+    shards = sorted({e.shard for e in entries.values()})
+    stats = [(s.name, s.stat().st_size, s.stat().st_mtime_ns) for s in shards]
+    key = hashlib.sha256(json.dumps([str(directory.resolve()), stats]).encode()).hexdigest()[:16]
+    return cache_dir / f"{key}.json"
+
+
+def check_finite(directory: Path, entries: dict[str, TensorEntry], maps: ShardMaps,
+                 cache_dir: Path | None = None) -> None:
+    """Refuse a checkpoint with a NaN or an Inf in any tensor: such weights decode garbage,
+    and the gpu_only reference decodes the same garbage, which a lossless check would pass.
+    The scan reads every byte once; with `cache_dir` a passed scan is remembered there."""
+    marker = finite_marker(directory, entries, cache_dir) if cache_dir is not None else None
+    if marker is not None and marker.is_file():
+        return
+    bad = first_non_finite(entries, maps)
+    if bad is not None:
+        raise HarnessError(f"checkpoint {directory}: tensor {bad} holds NaN or Inf values; the weights are "
+                           "corrupt, re-download or rebuild them")
+    if marker is not None:
+        with contextlib.suppress(OSError):  # an unwritable cache only costs the scan next time
+            write_json_atomic(marker, {"checkpoint": str(directory.resolve()), "finite": True})
+
+
+def from_pretrained(directory: str | Path, dtype: str = "float32",
+                    finite_cache: str | Path | None = None) -> LLaDA2Model:
+    """Build the model from a checkpoint directory (real or proxy: same code path). Every
+    tensor is checked for NaN and Inf first (once per checkpoint when `finite_cache` is a
+    directory that remembers the checks)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise HarnessError(f"model.path={directory} is a file; set it to a LLaDA2 checkpoint directory")
@@ -216,6 +282,7 @@ def from_pretrained(directory: str | Path, dtype: str = "float32") -> LLaDA2Mode
     with torch.device("meta"):
         model = LLaDA2Model(cfg)
     maps = ShardMaps()
+    check_finite(directory, entries, maps, Path(finite_cache) if finite_cache is not None else None)
     state = {}
     for name, param in model.state_dict().items():
         entry = entries.get(name)

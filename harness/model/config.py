@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from harness.common.errors import HarnessError
+from harness.common.paths import file_kind, require_regular_file
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_MASK_ID = 156895
@@ -131,6 +132,8 @@ class LLaDA2Config:
     @classmethod
     def from_json(cls, path: str | Path) -> LLaDA2Config:
         path = Path(path)
+        if file_kind(path) not in ("file", "missing"):  # a FIFO would block the read forever
+            require_regular_file(path, str(path), "a checkpoint's config.json must be a JSON file")
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:

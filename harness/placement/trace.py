@@ -21,6 +21,7 @@ On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import torch
 
 from harness.common.errors import HarnessError
 from harness.common.files import write_atomic
+from harness.common.paths import require_regular_file
 from harness.placement.steps import StepInfo
 
 TRACE_SCHEMA = 1
@@ -122,9 +124,12 @@ class RoutingTrace:
     @classmethod
     def load(cls, path: str | Path) -> RoutingTrace:
         """Read a trace file; anything but a well-formed trace is a one-line HarnessError
-        (never a pickle load: np.load(allow_pickle=False))."""
+        (never a pickle load: np.load(allow_pickle=False)): sizes declared within the file,
+        at least one forward, loads no larger than the forwards' tokens can route."""
         path = Path(path)
         data = read_arrays(path)
+        if "schema_version" not in data:
+            raise HarnessError(f"trace {path} is corrupt or not a trace (it has no schema_version); record it again")
         version = _scalar_int(data.get("schema_version"))
         if version != TRACE_SCHEMA:
             raise HarnessError(f"trace {path} has schema version {version}, this harness reads {TRACE_SCHEMA}; "
@@ -142,6 +147,8 @@ class RoutingTrace:
         n_layers, n_experts = (int(v) for v in shape)
         loads_np = _integer_array(data["loads"], "loads", ndim=3)
         n = loads_np.shape[0]
+        if n == 0:
+            raise ValueError("it holds no forwards")
         if loads_np.shape[1:] != (n_layers, n_experts):
             raise ValueError(f"loads has shape {loads_np.shape[1:]}, shape says {(n_layers, n_experts)}")
         columns = [_integer_array(data[k], k, ndim=1) for k in STEP_COLUMNS]
@@ -152,14 +159,15 @@ class RoutingTrace:
         prompt, block, step, glob, first, kind, tokens, context = columns
         if (kind >= len(KINDS)).any():
             raise ValueError(f"step_kind outside 0..{len(KINDS) - 1}")
+        geometry = _json_object(data["geometry"], "geometry")
+        _check_pairs(loads_np, tokens, geometry.get("num_experts_per_tok"))
         hints = None
         if "hints" in data:
             hints_np = data["hints"]
             if hints_np.shape != loads_np.shape or hints_np.dtype.kind != "f" or not np.isfinite(hints_np).all():
                 raise ValueError("hints must be finite floats shaped like loads")
             hints = torch.from_numpy(hints_np.astype(np.float32))
-        trace = cls(n_layers, n_experts, geometry=_json_object(data["geometry"], "geometry"),
-                    meta=_json_object(data["meta"], "meta"))
+        trace = cls(n_layers, n_experts, geometry=geometry, meta=_json_object(data["meta"], "meta"))
         loads = torch.from_numpy(loads_np.astype(np.int32))
         for i in range(n):
             info = StepInfo(int(prompt[i]), int(block[i]), int(step[i]), int(glob[i]), bool(first[i]),
@@ -179,20 +187,56 @@ INT32_MAX = np.iinfo(np.int32).max
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an .npz file; a missing, truncated or foreign file is a HarnessError."""
-    if path.is_dir():
-        raise HarnessError(f"trace {path} is a directory; give a trace.npz file")
-    if not path.is_file():
-        raise HarnessError(f"trace {path} does not exist; record one with a live run (trace.record=true)")
+    """Every array of an .npz file; a missing, truncated or foreign file is a HarnessError,
+    and so is a member whose header declares more data than it holds (checked before
+    anything is allocated: a header may declare petabytes)."""
+    require_regular_file(path, f"trace {path}", "give a trace.npz file recorded by a live run (trace.record=true)")
+    with path.open("rb") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        raise HarnessError(f"trace {path} is a single .npy array, not a trace archive (.npz); "
+                           "give the trace.npz a live run recorded")
     try:
+        check_declared_sizes(path)
         with np.load(path, allow_pickle=False) as z:
             if not hasattr(z, "files"):  # a bare .npy, not an archive
                 raise ValueError("not an .npz archive")
             return {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, KeyError,
-            RuntimeError) as exc:
+            RuntimeError, MemoryError) as exc:
         kind = type(exc).__name__
         raise HarnessError(f"trace {path} is corrupt or not a trace ({kind}); record it again") from None
+
+
+def _npy_header(member: Any) -> tuple[tuple[int, ...], np.dtype]:
+    version = np.lib.format.read_magic(member)
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        raise ValueError(f"npy format version {version}")
+    shape, _, dtype = readers[version](member)
+    return shape, dtype
+
+
+MAX_DEFLATE_RATIO = 1100  # deflate expands at most ~1032x: a member claiming more is a zip bomb
+
+
+def check_declared_sizes(path: Path) -> None:
+    """Each .npy member's header (shape x dtype) against the bytes the member holds, and
+    the member's size against what its compressed bytes can expand to."""
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            limit = info.compress_size * MAX_DEFLATE_RATIO + 2**16
+            if info.compress_type != zipfile.ZIP_STORED and info.file_size > limit:
+                raise HarnessError(f"trace {path} is corrupt: member {info.filename} claims {info.file_size} "
+                                   f"bytes from {info.compress_size} compressed; record it again")
+            with archive.open(info) as member:
+                shape, dtype = _npy_header(member)
+                header = member.tell() if member.seekable() else None
+            need = math.prod(shape) * dtype.itemsize
+            if dtype.hasobject or header is None or need != info.file_size - header:
+                raise HarnessError(f"trace {path} is corrupt: member {info.filename} declares shape {shape} of "
+                                   f"{dtype} ({need} bytes) but holds {info.file_size - (header or 0)}; "
+                                   "record it again")
 
 
 def _scalar_int(value: np.ndarray | None) -> int:
@@ -207,6 +251,21 @@ def _integer_array(value: np.ndarray, name: str, ndim: int) -> np.ndarray:
     if value.size and value.max() > INT32_MAX:
         raise ValueError(f"{name} has values beyond int32")
     return value
+
+
+def _check_pairs(loads: np.ndarray, tokens: np.ndarray, top_k: Any) -> None:
+    """Every token of a forward is routed to top_k experts in each MoE layer, so a layer's
+    loads add up to at most tokens x top_k pairs (a forward that recorded no token count,
+    0, is not checked); more means the loads do not belong to these forwards."""
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k <= 0 or not loads.size:
+        return
+    pairs = loads.astype(np.int64).sum(axis=2).max(axis=1)  # the busiest layer of each forward
+    allowed = tokens.astype(np.int64) * top_k
+    bad = np.flatnonzero((tokens > 0) & (pairs > allowed))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"forward {i} routes {int(pairs[i])} token-expert pairs in one layer, but its "
+                         f"{int(tokens[i])} tokens x top-{top_k} make {int(allowed[i])}")
 
 
 def _json_object(value: np.ndarray, name: str) -> dict[str, Any]:

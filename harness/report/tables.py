@@ -37,6 +37,7 @@ import yaml
 
 from harness.common.errors import HarnessError, OneLineParser, check_output_dir
 from harness.common.keyvalue import as_flags, program_name
+from harness.common.paths import file_kind, probe_output_dir
 from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report import plots
 from harness.report.keys import Keyed, keyed_runs
@@ -52,7 +53,7 @@ from harness.results.run_result import RunIdentity, RunResult, Timing
 from harness.traces.routing_stats import STAT_KEYS
 from harness.tracking.mlflow_store import open_store
 from harness.tracking.run_files import RESULT_FILE, find_files
-from harness.tracking.uris import check_tracking_uri
+from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
 
 BASELINES = ("fiddler", "mixtral_offload")
 TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "lossless"]
@@ -89,7 +90,12 @@ def records_from_mlflow(uri: str, experiments: list[str] | None = None) -> list[
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
     client = open_store(uri)
-    exps = [e for e in client.search_experiments() if not experiments or e.name in experiments]
+    everything = client.search_experiments()
+    unknown = sorted(set(experiments or []) - {e.name for e in everything})
+    if unknown:  # not "no runs found": the name is wrong, not the store empty
+        names = ", ".join(sorted(e.name for e in everything)) or "none"
+        raise HarnessError(f"--experiment {unknown[0]}: no such experiment in {uri} (it has: {names})")
+    exps = [e for e in everything if not experiments or e.name in experiments]
     records = []
     token = None
     while exps:
@@ -372,9 +378,12 @@ def run_report(argv: list[str]) -> int:
     if missing:
         raise HarnessError(f"--runs: no such directory: {', '.join(missing)}")
     where = args.from_mlflow or " ".join(map(str, roots))
+    probe_output_dir(args.out, "--out", create=False)  # now, not after reading every run
     try:
         records = records_from_mlflow(args.from_mlflow, args.experiment) if args.from_mlflow else \
             records_from_dirs(roots)
+    except HarnessError:
+        raise
     except Exception as exc:
         raise HarnessError(f"cannot read runs from {where}: {' '.join(str(exc).split())[:300]}") from None
     if not records:
@@ -390,8 +399,9 @@ def check_report_uri(uri: str) -> None:
     """A well-formed URI, and for SQLite a file that exists (MLflow would create an empty store)."""
 
     check_tracking_uri(uri, "--from-mlflow")
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    if uri.startswith("sqlite:///") and file_kind(Path(uri[len("sqlite:///"):])) == "missing":
         raise HarnessError(f"--from-mlflow {uri}: no such SQLite store")
+    check_store_is_mlflow(uri, "--from-mlflow")
 
 
 if __name__ == "__main__":

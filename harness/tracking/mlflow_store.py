@@ -25,9 +25,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from harness.common.errors import HarnessError
 from harness.common.files import read_json, write_json_atomic
 from harness.tracking.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, experiment_tags
 from harness.tracking.mlflow_view import ensure_results_view
+from harness.tracking.uris import check_store_is_mlflow
 
 BATCH_METRICS = 1000  # MLflow's per-call limits
 BATCH_PARAMS = 100
@@ -118,7 +120,12 @@ def _probe_http(uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
             pass
     except urllib.error.HTTPError:
         return
-    except (OSError, ValueError, http.client.HTTPException) as exc:
+    except http.client.HTTPException as exc:  # its message may hold the raw bytes: not for the terminal
+        if isinstance(exc, ConnectionError):  # RemoteDisconnected: closed without a word
+            raise TrackingUnavailable(f"no answer from {url} (the connection was closed)") from None
+        raise TrackingUnavailable(f"{url} answered, but not with HTTP ({type(exc).__name__}); is it an MLflow "
+                                  "server?") from None
+    except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise TrackingUnavailable(f"no answer from {url} within {timeout_s:g} s ({reason})") from None
 
@@ -136,6 +143,10 @@ def _initialise_sqlite(uri: str) -> None:
     from mlflow import MlflowClient
 
     db = Path(uri[len("sqlite:///"):])
+    try:
+        check_store_is_mlflow(uri)  # before MLflow adds its tables to someone else's database
+    except HarnessError as exc:
+        raise TrackingUnavailable(str(exc)) from None
     db.parent.mkdir(parents=True, exist_ok=True)
     try:
         with FileLock(str(db) + ".lock", timeout=120):

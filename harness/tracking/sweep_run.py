@@ -22,7 +22,9 @@ discarded, results in the sweep dir that never reached the store are logged as i
 children at the end of the sweep, and it ends FINISHED with the new summary, so the
 whole grid sits under one parent. Its `sweep` param keeps the first command line. In
 any other case a sweep gets a new parent; one left RUNNING by a dead sweep in the same
-dir is first ended KILLED with `harness.ended=abandoned`.
+dir is first ended KILLED with `harness.ended=abandoned`. A sweep resumed into a new dir
+ends the RUNNING parents of the sweeps whose results it reused KILLED, with
+`harness.ended=superseded` (`end_superseded_parents`).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ from harness.tracking.run_files import (
 from harness.tracking.settings import TrackingConfig
 
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")  # harness/report/plots.py writes each figure in all three
-ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned (parent runs)
+ENDED_TAG = "harness.ended"  # finished | interrupted | failed | abandoned | superseded (parent runs)
 RESUMES_TAG = "harness.resumes"
 
 
@@ -216,6 +218,26 @@ def finish_parent_run(tracking: TrackingConfig, run_id: str, files: list[Path], 
     client.set_terminated(run_id, "FINISHED")
 
 
+def end_superseded_parents(tracking: TrackingConfig, sweep_dir: Path, parent_id: str,
+                           reused: Sequence[Path]) -> list[str]:
+    """A sweep resumed into a new dir supersedes the sweeps whose results it reused: a parent
+    run of theirs still RUNNING (its process was killed without a word) is ended KILLED,
+    tagged `harness.ended=superseded` and `harness.superseded_by=<this parent>`. Returns the
+    ids ended. (A sweep still running elsewhere whose finished results were reused would
+    be ended too: resume a sweep only once its earlier attempt is dead.)"""
+    client = open_store(tracking.uri, tracking.timeout_s)
+    ended = []
+    old_dirs = {d for d in (sweep_dir_of(Path(p).parent) for p in reused) if d is not None}
+    for old_dir in sorted(old_dirs - {sweep_dir.resolve()}):
+        run = _previous_parent(client, old_dir, tracking.uri)
+        if run is None or run.info.status != "RUNNING" or run.info.run_id == parent_id:
+            continue
+        client.set_tag(run.info.run_id, "harness.superseded_by", parent_id)
+        end_parent_run(tracking, run.info.run_id, "KILLED", "superseded")
+        ended.append(run.info.run_id)
+    return ended
+
+
 def end_parent_run(tracking: TrackingConfig, run_id: str, status: str, why: str,
                    signal_name: str | None = None) -> None:
     """Terminate a parent run that did not reach the end of its sweep; raises on store failure."""
@@ -287,7 +309,8 @@ class ParentRunGuard:
         status, why = ("KILLED", "interrupted") if interrupted else ("FAILED", "failed")
         try:
             end_parent_run(self.tracking, self.run_id, status, why, self.signal_name)
-            print(f"MLflow parent run {self.run_id} ended {status} (sweep {why})", file=sys.stderr)
+            if self.signal_name != "SIGINT":  # Ctrl-C: the entry point's one line says it (harness/__main__.py)
+                print(f"MLflow parent run {self.run_id} ended {status} (sweep {why})", file=sys.stderr)
         except Exception as exc:
             warn_failure(self.tracking.uri, "end of the parent run", exc)
 

@@ -10,10 +10,12 @@ refuses for tracking: sqlite, postgresql, mysql, mssql (each with an optional
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 from urllib.parse import urlparse
 
 from harness.common.errors import HarnessError
+from harness.common.paths import file_kind
 
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 SERVER_SCHEMES = ("http", "https")
@@ -72,3 +74,35 @@ def _check_server(uri: str, key: str) -> None:
         raise HarnessError(f"{key}={uri!r} names no host; use e.g. http://host:5000")
     if port == 0:
         raise HarnessError(f"{key}={uri!r} has port 0; use the server's port, e.g. http://host:5000")
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}
+
+
+def check_store_is_mlflow(uri: str, key: str = "tracking.uri") -> None:
+    """A SQLite file given as the store is empty, new, or MLflow's own: MLflow would add its
+    tables to any other database (or fail on a file that is not one) on its first call.
+    Read only; other schemes are not looked at."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):])
+    kind = file_kind(path)
+    if kind == "missing":
+        return
+    if kind != "file":
+        raise HarnessError(f"{key}={uri!r}: {path} is {kind}, not a database file; give a SQLite file")
+    if path.stat().st_size == 0:
+        return
+    with path.open("rb") as f:
+        if f.read(16) != SQLITE_MAGIC:
+            raise HarnessError(f"{key}={uri!r}: {path} is not a SQLite database; give a new file or an MLflow store")
+    try:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as db:
+            tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
+    except sqlite3.Error as exc:
+        raise HarnessError(f"{key}={uri!r}: cannot read {path} as SQLite ({exc}); give another file") from None
+    if tables and not tables >= MLFLOW_TABLES:
+        shown = ", ".join(sorted(tables)[:5])
+        raise HarnessError(f"{key}={uri!r}: {path} is a SQLite database but not an MLflow store (tables: {shown}); "
+                           "MLflow would add its tables to it: give another file")

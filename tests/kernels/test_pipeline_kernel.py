@@ -45,7 +45,7 @@ def test_pipelined_layer_is_the_event_rule(hits_start: float, link_start: float,
 
 def test_pipelined_layer_edge_cases() -> None:
     cases = [
-        (0.0, 0.0, 5.0, [2.0, 2.0, 2.0], 3.0, 1),  # tests/test_pipeline.py's hand-made layer
+        (0.0, 0.0, 5.0, [2.0, 2.0, 2.0], 3.0, 1),  # tests/unit/test_pipeline.py's hand-made layer
         (1.0, 4.0, 5.0, [], 3.0, 1),  # no misses: the link stays where it was
         (0.0, 7.0, 5.0, [2.0, 2.0], 3.0, 3),  # a busy link
         (0.0, 0.0, 0.0, [0.0] * 5, 0.0, 1),  # all zero

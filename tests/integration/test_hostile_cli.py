@@ -1,0 +1,112 @@
+"""Hostile input round two (issue 30) through the real command line: Hydra's own usage
+errors as one line and exit 2, a glob sweep that runs, Ctrl-C in a sweep as one line and
+exit 130 with the parent run ended. Subprocesses: the slow tier."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, run_module, sqlite_uri
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--frobnicate"], "--frobnicate"),
+    (["--config-name", "nope"], "no such config"),
+    (["-m", "model=tiny", "system=glob(nothing*)"], "matches no option"),
+    (["-m", "model=tiny", "decode.seed=range(0,100000000)"], "100,000,000 jobs"),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, needle, proxy_cache, tmp_path):
+    proc = run_module("harness", args, proxy_cache, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_glob_sweep_runs(proxy_cache, tiny_dir, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_module("harness", ["-m", *TINY, "system=glob(gpu*)", "tracking.enabled=false",
+                                  f"hydra.sweep.dir={sweep}"], proxy_cache, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (sweep / "0" / "result.json").is_file() and not (sweep / "1").exists()
+
+
+def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_the_parent_ends_killed(proxy_cache, tiny_dir, tmp_path):
+    store = empty_store(tmp_path / "mlflow.db")
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "-m", "harness", "-m", *TINY, "decode.gen_length=8", "budget=55GB",
+            "system=gpu_only,fiddler,mixtral_offload", f"tracking.uri={sqlite_uri(store)}", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(args, cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (sweep / "0" / "result.json").is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, "no first result"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip() and "%|" not in ln]  # the progress bars aside
+    assert proc.returncode == 130, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: ") and "resume=true" in lines[0], err[-3000:]
+    parents, _ = parent_and_children(store)
+    assert [p.info.status for p in parents] == ["KILLED"]
+    assert (sweep / "0" / "result.json").is_file() and not list(sweep.rglob(".*.tmp"))
+
+
+def test_a_full_disk_mid_run_is_one_line_naming_what_was_saved(proxy_cache, tiny_dir, tmp_path):
+    """The run dir on a tmpfs with 7 inodes (root only; else skipped): the precheck's probe and
+    Hydra's files fit, result.json does not. One error line, exit 2, naming the file and what
+    the run dir holds; the progress bar aside, nothing else on stderr."""
+    from tests.unit.test_hostile_options import tmpfs
+
+    with tmpfs(tmp_path / "disk", "size=1m,nr_inodes=7") as disk:
+        run_dir = disk / "run"
+        run_dir.mkdir()
+        proc = run_module("harness", [*TINY, "system=gpu_only", "tracking.enabled=false", f"hydra.run.dir={run_dir}"],
+                          proxy_cache, timeout=300)
+        left = sorted(p.name for p in run_dir.iterdir())
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "%|" not in ln]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith(f"error: cannot write {run_dir / 'result.json'} (No space left on device)")
+    assert lines[0].endswith(f"saved in {run_dir}: __main__.log") and left == [".hydra", "__main__.log"]
+
+
+def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache, tiny_dir, tmp_path):
+    """SIGKILL leaves the first sweep's parent RUNNING; resume=true in another dir reuses its
+    result and ends that parent KILLED (superseded)."""
+    store = empty_store(tmp_path / "mlflow.db")
+    cache = tmp_path / "cache"  # its own resume index: only this test's results are reused
+    (cache / "results").mkdir(parents=True)
+    (cache / "proxies").symlink_to(proxy_cache / "proxies")
+    common = ["-m", *TINY, "decode.gen_length=8", "budget=55GB", "system=gpu_only,fiddler,mixtral_offload",
+              f"tracking.uri={sqlite_uri(store)}", f"cache_dir={cache}"]
+    old = tmp_path / "old"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *common, f"hydra.sweep.dir={old}"], cwd=REPO,
+                            env=harness_env(proxy_cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not any((cache / "results").glob("*.json")):  # a finished job, indexed for resume
+            assert proc.poll() is None and time.monotonic() < deadline, "no first indexed result"
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [killed] = parent_and_children(store)[0]
+    assert killed.info.status == "RUNNING"
+    resumed = run_module("harness", [*common, "resume=true", f"hydra.sweep.dir={tmp_path / 'new'}"], proxy_cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    parents = {p.info.run_id: p for p in parent_and_children(store)[0]}
+    assert parents[killed.info.run_id].info.status == "KILLED"
+    assert parents[killed.info.run_id].data.tags["harness.ended"] == "superseded"
+    assert [p.info.status for i, p in parents.items() if i != killed.info.run_id] == ["FINISHED"]
