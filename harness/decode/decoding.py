@@ -26,7 +26,8 @@ import torch
 
 from harness.errors import HarnessError
 
-ForwardKind = Literal["prefill", "denoise", "commit"]
+# "decode": one token of an autoregressive model (harness/decode/ar_generate.py)
+ForwardKind = Literal["prefill", "denoise", "commit", "decode"]
 
 
 @dataclass(frozen=True)
