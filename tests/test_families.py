@@ -243,3 +243,12 @@ def test_build_proxy_caches_by_config_and_reloads(tmp_path):
 def test_family_configs_are_package_data():
     pyproject = (CONFIG_DIR.parents[2] / "pyproject.toml").read_text()
     assert "families/configs/*.json" in pyproject
+
+
+def test_proxy_init_scales_the_residual_branch_outputs():
+    """GPT-2's init: o_proj and down_proj draw 1/sqrt(2 * layers) of the other matrices'
+    1/sqrt(fan_in) scale (q_proj and o_proj have the same fan-in here)."""
+    _, model = tiny_model("qwen3_moe")  # 3 layers
+    attn = model.model.layers[0].self_attn
+    ratio = float(attn.o_proj.weight.std() / attn.q_proj.weight.std())
+    assert abs(ratio / (2 * 3) ** -0.5 - 1) < 0.1

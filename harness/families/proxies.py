@@ -7,10 +7,14 @@ Weights: transformers' initialization under the seed, then every matrix redrawn 
 seeded generator as the LLaDA2 proxies are (harness/model/proxy.py `init_weights`): unit
 variance embeddings (after the family's embedding scale), 1/sqrt(fan_in) matrices and a
 sharper LM head, so positions and context stay visible in the logits. Norms and scales
-keep transformers' values.
+keep transformers' values. The output projections of the residual branches (attention
+o_proj, MLP and expert down_proj) are scaled by 1/sqrt(2 * layers), GPT-2's
+initialization: without it 48 random layers average the tokens into their mean (the
+variation of Qwen3's router input fell to an effective rank of 8 of 64 by layer 42, and a
+quarter of its experts were never routed).
 
 Routing: these routers have no expert bias to calibrate (the LLaDA2 proxies balance theirs
-on the corpus). A random router is unbalanced because the router input has a large common
+on the corpus). A random router is unbalanced because the router input has a common
 component (the corpus mean m): an expert whose row has a large dot product with m wins for
 most tokens, and one whose row sees a wider spread of the input wins the top-k more often.
 `balance_routers` removes both causes on corpus windows, layer by layer, over a few passes:
@@ -40,9 +44,10 @@ from harness.families.geometry import read_family_json
 from harness.families.registry import family_adapter, geometry_of
 from harness.results import fingerprint, write_json_atomic
 
-FAMILY_PROXY_VERSION = 1
+FAMILY_PROXY_VERSION = 2  # 2: residual outputs scaled by 1/sqrt(2 * layers)
 MARKER = "PROXY_COMPLETE"
 LM_HEAD_GAIN = 6.0  # as the LLaDA2 proxies: confident enough for the decoders' rules
+RESIDUAL_OUTPUTS = ("o_proj.weight", "down_proj.weight", "experts.down_proj")  # what a residual branch adds
 CALIBRATION_WINDOWS = 8
 CALIBRATION_LENGTH = 128
 BALANCE_PASSES = 3
@@ -83,14 +88,16 @@ def init_proxy_weights(model: nn.Module, seed: int) -> None:
                   if isinstance(m, nn.Embedding)}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_id = id(head.weight) if head is not None else None
+    residual_gain = (2 * model.config.get_text_config().num_hidden_layers) ** -0.5
     with torch.no_grad():
-        for _, p in sorted(model.named_parameters(), key=lambda item: item[0]):
+        for name, p in sorted(model.named_parameters(), key=lambda item: item[0]):
             if p.ndim < 2:
                 continue  # norms, scales: transformers' values
             if id(p) in embeddings:
                 std = 1.0 / embeddings[id(p)]
             else:
                 std = (LM_HEAD_GAIN if id(p) == head_id else 1.0) / p.shape[-1] ** 0.5
+                std *= residual_gain if name.endswith(RESIDUAL_OUTPUTS) else 1.0
             p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
