@@ -1,7 +1,7 @@
 """Routing statistics of the family proxies against the LLaDA2 mini random proxy, on the
 same prompts (issue 26: a family proxy must route at least as evenly).
 
-    python scripts/family_routing_stats.py [--prompts 8] [--gen 32] [--cache outputs/cache] [--out FILE]
+    PYTHONPATH=. python scripts/family_routing_stats.py [--prompts 8] [--gen 32] [--cache outputs/cache] [--out FILE]
 
 Every model decodes the first N HumanEval prompts (gen tokens each) and records each
 forward's per-layer expert loads into a RoutingTrace; `harness.routing_stats` computes the
