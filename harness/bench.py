@@ -40,12 +40,11 @@ from harness.accounting.profiling import load_hardware
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError, exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
-from harness.decode.loading import load_model
+from harness.decode.loading import load_model, nominal_geometry
 from harness.engine.engine import OffloadEngine
 from harness.job.config import register_configs
 from harness.job.replay import check_geometry
 from harness.model import LLaDA2Config
-from harness.model.settings import nominal_geometry
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
 from harness.traces.batch_replay import replay_trace, summary_differences
@@ -169,7 +168,7 @@ def main(argv: list[str]) -> int:
     cfg = compose_checked([f"model={args['model']}", f"budget={args['budget']}"])
     geometry = nominal_geometry(cfg.model)
     cost = CostModel(geometry, load_hardware(cfg.hardware, geometry))
-    b = resolve_budget(cfg.budget, geometry).experts_per_layer
+    b = resolve_budget(cfg.budget, geometry, cfg.model.name).experts_per_layer
     if args["trace"]:
         trace = RoutingTrace.load(Path(args["trace"]))
         check_geometry(trace, geometry, Path(args["trace"]), str(args["model"]))

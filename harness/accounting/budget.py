@@ -17,7 +17,7 @@ over every (layer, expert) pair then. The engine checks the total after every pl
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from harness.common.errors import HarnessError
@@ -39,6 +39,9 @@ class BudgetConfig:
     reserve_gb: float = 0.5
     max_experts_per_layer: int | None = None
     scope: str = "per_layer"  # per_layer | global (B x MoE layers in total, any split)
+    # the models a pinned experts_per_layer applies to (the paper's settings pin B for the
+    # LLaDA2 models); any other model derives B from gpu_gb. Empty: every model.
+    pinned_for: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         """The checks that need no model (resolve_budget checks B against its experts)."""
@@ -93,8 +96,11 @@ def _check_experts(cfg: BudgetConfig, n_experts: int) -> None:
         )
 
 
-def resolve_budget(cfg: BudgetConfig, geometry: LLaDA2Config) -> Budget:
-    """B for this model under this budget, with the figures a run logs."""
+def resolve_budget(cfg: BudgetConfig, geometry: LLaDA2Config, model: str | None = None) -> Budget:
+    """B for `model` (its geometry) under this budget, with the figures a run logs. A pinned
+    B applies only to the models `pinned_for` names (every model when it names none)."""
+    if cfg.experts_per_layer is not None and cfg.pinned_for and model not in cfg.pinned_for:
+        cfg = replace(cfg, experts_per_layer=None)
     _check_experts(cfg, geometry.num_experts)
     non_expert = geometry.non_expert_bytes(BYTES_PER_PARAM)
     expert = geometry.expert_bytes(BYTES_PER_PARAM)

@@ -1,7 +1,14 @@
-"""Decoding a batch of prompts with the common loop, one prompt at a time (batch 1, as in
-the offloading papers), and with an engine (or the hybrid executor that wraps it) on the
-model's MoE layers. Live runs, the cached calibration and workload traces
-(harness/job/artifacts.py) and the all-GPU reference all decode through here."""
+"""Decoding a batch of prompts, one prompt at a time (batch 1, as in the offloading papers),
+with an engine (or the hybrid executor that wraps it) on the model's MoE layers. Live
+runs, the cached calibration and workload traces (harness/job/artifacts.py) and the
+all-GPU reference all decode through here.
+
+Each kind of model decodes with its own loop, and every loop announces each forward to
+the same hook (StepInfo): LLaDA2 with the common block-diffusion loop (decoding.py), an
+autoregressive transformers family greedily through its own `generate` (ar_generate.py;
+its "block" is a window of decode.block_length decode steps), DiffusionGemma through its
+own `generate` and sampler (diffusiongemma_generate.py; a canvas of decode.block_length
+tokens denoised in at most decode.steps steps)."""
 
 from __future__ import annotations
 
@@ -10,10 +17,14 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from harness.common.errors import HarnessError
+from harness.decode.ar_generate import ar_generate
 from harness.decode.decoding import DecodeOutput, DecodeSettings, OnForward, decode
+from harness.decode.diffusiongemma_generate import diffusiongemma_generate
 from harness.decode.loading import LoadedModel
 from harness.decode.workload import check_prompt_lengths, encode_prompt
 from harness.engine.engine import OffloadEngine
+from harness.families.bridge import attach, detach
 from harness.hybrid.executor import HybridExecutor, wrap
 from harness.model import KVCache
 from harness.placement.steps import StepInfo
@@ -33,6 +44,11 @@ class DecodeBatch:
         return sum(1 for o in self.outputs for r in o.records if r.kind == "denoise")
 
     @property
+    def decode_steps(self) -> int:
+        """Autoregressive decode forwards (one token each)."""
+        return sum(1 for o in self.outputs for r in o.records if r.kind == "decode")
+
+    @property
     def forwards(self) -> int:
         return sum(len(o.records) for o in self.outputs)
 
@@ -49,7 +65,6 @@ def decode_prompts(
     desc: str = "decode",
 ) -> DecodeBatch:
     """Decode prompts one at a time (batch 1, as in the offloading papers)."""
-    cfg = loaded.model.config
     outputs: list[DecodeOutput] = []
     global_step = 0
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt", mininterval=0.5, leave=False, dynamic_ncols=True)
@@ -63,10 +78,7 @@ def decode_prompts(
     encoded = encode_checked(loaded, prompts, settings, desc)
     start = time.perf_counter()
     for i, ids in enumerate(encoded):
-        out = decode(
-            loaded.model, ids, settings, cfg.mask_token_id, cfg.eos_token_id,
-            new_cache=KVCache, on_forward=hook, prompt_index=i, first_global_step=global_step,
-        )
+        out = decode_one(loaded, ids, settings, hook, i, global_step)
         global_step += len(out.records)
         outputs.append(out)
         bar.update(1)
@@ -74,11 +86,24 @@ def decode_prompts(
     return DecodeBatch(outputs, time.perf_counter() - start)
 
 
+def decode_one(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, hook: OnForward, prompt: int,
+               first_global_step: int) -> DecodeOutput:
+    """One prompt with the loop of the model's kind (module docstring)."""
+    if loaded.kind == "ar":
+        return ar_generate(loaded.model, ids, settings.gen_length, loaded.eos_ids[0], hook,
+                           window=settings.block_length, prompt_index=prompt, first_global_step=first_global_step)
+    if loaded.kind == "diffusion":
+        return diffusiongemma_generate(loaded.model, ids, settings.gen_length, settings.block_length,
+                                       settings.steps, settings.seed, loaded.eos_ids, hook, prompt, first_global_step)
+    cfg = loaded.model.config
+    return decode(loaded.model, ids, settings, cfg.mask_token_id, cfg.eos_token_id, new_cache=KVCache,
+                  on_forward=hook, prompt_index=prompt, first_global_step=first_global_step)
+
+
 def encode_checked(loaded: LoadedModel, prompts: list[str], settings: DecodeSettings, what: str) -> list[list[int]]:
     """Token ids of every prompt, each checked to fit the model's positions before any decoding."""
     encoded = [encode_prompt(loaded.tokenizer, text) for text in prompts]
-    check_prompt_lengths(encoded, settings.gen_length, settings.block_length,
-                         loaded.model.config.max_position_embeddings, what)
+    check_prompt_lengths(encoded, settings.gen_length, settings.block_length, loaded.max_positions, what)
     return encoded
 
 
@@ -97,6 +122,8 @@ class EngineHook:
 
 def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecutor, prompts: list[str],
                        settings: DecodeSettings, desc: str) -> DecodeBatch:
+    if loaded.kind != "llada2":
+        return decode_family_with_engine(loaded, engine, prompts, settings, desc)
     runner = wrap(loaded.model, engine)  # a HybridExecutor when the model is on a device (backend=cuda|standin)
     hook = EngineHook(runner)
     previous = loaded.model.engine
@@ -108,3 +135,20 @@ def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecut
         loaded.model.engine = previous
         if runner is not engine:  # made here (calibration, reference): free its device slots
             runner.close()
+
+
+def decode_family_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecutor, prompts: list[str],
+                              settings: DecodeSettings, desc: str) -> DecodeBatch:
+    """A transformers family: the bridge hands every MoE layer's routing to the engine
+    (OffloadEngine.route) and the model's own eager experts compute it, so every placement
+    gives the stock model's bits. Host only: the device executor serves LLaDA2's layers."""
+    if not isinstance(engine, OffloadEngine):
+        raise HarnessError("backend=cuda|standin executes LLaDA2 models only; a transformers family runs with "
+                           "backend=cpu (modeled timing)")
+    hook = EngineHook(engine)
+    attach(loaded.model, engine)
+    try:
+        return decode_prompts(loaded, prompts, settings, on_forward=hook, desc=desc)
+    finally:
+        hook.close()
+        detach(loaded.model)

@@ -29,6 +29,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,7 @@ from harness.decode.decoding import DecodeSettings, steps_per_block
 from harness.decode.lossless import load_reference, store_reference
 from harness.job.hybrid_setup import all_gpu_engine, reference_key
 from harness.placement.trace import RoutingTrace, derive_no_cache
-from harness.training.proxy_cache import RESULT_WEIGHTS, weights_at, weights_dir
+from harness.training.proxy_cache import RESULT_WEIGHTS, corpus_for, weights_at, weights_dir
 
 if TYPE_CHECKING:
     from harness.decode.loading import LoadedModel
@@ -54,12 +55,16 @@ ModelLoader = Callable[[], "LoadedModel"]
 
 # the code that decides tokens and routing, relative to harness/ (see the module docstring)
 NUMERICS_SOURCES = ("model/llada2.py", "model/experts.py", "model/checkpoint.py", "model/config.py",
-                    "model/proxy.py", "decode/decoding.py", "decode/workload.py", "training/proxy_cache.py")
+                    "model/proxy.py", "decode/decoding.py", "decode/workload.py", "training/proxy_cache.py",
+                    # the transformers families: the bridge, their proxies and decode loops
+                    "families/bridge.py", "families/adapter.py", "families/proxies.py", "families/loading.py",
+                    "decode/ar_generate.py", "decode/diffusiongemma_generate.py", "decode/loading.py")
 
 
 def code_fingerprint(root: Path, sources: tuple[str, ...]) -> str:
-    """A digest of the torch version and the source files (names and bytes) under root."""
-    digest = hashlib.sha256(torch.__version__.encode())
+    """A digest of the torch and transformers versions and the source files (names and
+    bytes) under root (the families compute with transformers' own modeling code)."""
+    digest = hashlib.sha256(f"{torch.__version__} {metadata.version('transformers')}".encode())
     for rel in sources:
         digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
     return digest.hexdigest()[:16]
@@ -103,6 +108,8 @@ def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
         checkpoint = Path(cfg.model.path).resolve()
         identity.update(weights=weights_at(checkpoint), checkpoint=str(checkpoint),
                         checkpoint_files=checkpoint_files(checkpoint))
+    elif cfg.model.is_family:  # its proxy: rebuilt from its seed, the mini corpus and the code above
+        identity.update(weights="random-proxy", seed=cfg.model.proxy_seed, corpus=corpus_for("mini").digest)
     else:  # a proxy is rebuilt from its seed (and corpus) by the code fingerprinted above
         kind = cfg.model.weights
         checkpoint = weights_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed, kind)
@@ -137,6 +144,8 @@ def describe_batch(trace: RoutingTrace, batch: DecodeBatch) -> None:
     """What replay needs to turn modeled seconds into tokens/s."""
     trace.meta.update(prompts=len(batch.outputs), generated_tokens=batch.generated_tokens,
                       denoise_steps=batch.denoise_steps)
+    if batch.decode_steps:  # an autoregressive family
+        trace.meta["decode_steps"] = batch.decode_steps
 
 
 def _cached_trace(path: Path) -> RoutingTrace | None:

@@ -25,10 +25,11 @@ from harness.accounting.cost import HardwareConfig
 from harness.accounting.topology import TopologyConfig, build_topology, check_system_topology
 from harness.common.checks import given, require
 from harness.decode.decoding import DecodeSettings
+from harness.decode.loading import nominal_geometry
 from harness.decode.workload import WorkloadConfig
 from harness.hybrid.backend import check_backend
 from harness.hybrid.repeats import TimingConfig
-from harness.model.settings import ModelConfig, nominal_geometry
+from harness.model.settings import ModelConfig
 from harness.tracking.settings import TrackingConfig
 from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
 
@@ -86,6 +87,9 @@ class HarnessConfig:
             f"limit_prompts={self.limit_prompts} must be positive or null",
         )
         check_backend(self.backend)  # cuda without a GPU is a one-line error
+        require(not (self.model.is_family and self.backend in ("cuda", "standin")),
+                f"backend={self.backend} executes LLaDA2 models only; model={self.model.name} (a transformers "
+                "family) runs with backend=cpu or auto (modeled timing)")
         if given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
             entry = REGISTRY[self.system.name]
             check_system_topology(entry.name, entry.multi_gpu, build_topology(self.topology))

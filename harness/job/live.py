@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.decode.decode_batch import DecodeBatch, decode_with_engine, encode_checked
 from harness.decode.decoding import steps_per_block
-from harness.decode.loading import LoadedModel
+from harness.decode.loading import LoadedModel, nominal_geometry
 from harness.decode.lossless import compare_tokens, load_reference, store_reference
 from harness.decode.workload import load_prompts, workload_record
 from harness.engine.engine import OffloadEngine
@@ -30,7 +30,6 @@ from harness.job.config import HarnessConfig
 from harness.job.execution import Execution
 from harness.job.replay import run_replay
 from harness.job.setup import build_result, setup_run
-from harness.model.settings import nominal_geometry
 from harness.results.run_result import DecodedOutputs, RunIdentity, RunResult
 from harness.traces.routing_stats import statistics_with_uniform
 
@@ -60,7 +59,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
     settings = cfg.decode
     setup = setup_run(cfg, nominal_geometry(cfg.model))
-    execution = Execution.choose(cfg.backend)  # host or device: every backend-dependent step asks it
+    # host or device: every backend-dependent step asks it (a transformers family runs on the host)
+    execution = Execution.choose("cpu" if cfg.model.is_family and cfg.backend == "auto" else cfg.backend)
     t0 = time.perf_counter()
     loaded = execution.load(cfg)
     load_s = time.perf_counter() - t0
@@ -105,6 +105,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
 
     counts = {"prompts": len(prompts), "generated_tokens": batch.generated_tokens,
               "denoise_steps": batch.denoise_steps, "routed_tokens": batch.routed_tokens}
+    if batch.decode_steps:  # an autoregressive family
+        counts["decode_steps"] = batch.decode_steps
     clock = {"wall_s": batch.wall_s, "load_s": load_s,
              "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0}
     result = build_result(cfg, setup, engine, counts, clock, RunIdentity(

@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 
 from harness.common.errors import HarnessError
-from harness.decode.loading import LoadedModel, load_model
+from harness.decode.loading import LoadedModel, load_model, nominal_geometry
 from harness.decode.workload import load_prompts, workload_record
 from harness.job.artifacts import calibration_trace, workload_trace
 from harness.job.config import HarnessConfig
 from harness.job.setup import build_result, setup_run
 from harness.model import LLaDA2Config
-from harness.model.settings import nominal_geometry
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.traces.batch_replay import replay_trace
@@ -115,6 +114,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         "denoise_steps": meta_count(trace, "denoise_steps", path),
         "routed_tokens": sum(trace.n_tokens),
     }
+    if trace.meta.get("decode_steps"):  # an autoregressive family's recording
+        counts["decode_steps"] = meta_count(trace, "decode_steps", path)
     clock = {"replay_s": replay_s,
              "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
     derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording

@@ -54,7 +54,7 @@ class RunSetup:
 
 def setup_run(cfg: HarnessConfig, geometry: LLaDA2Config) -> RunSetup:
     system = system_from_config(cfg.system)
-    budget = resolve_budget(cfg.budget, geometry)
+    budget = resolve_budget(cfg.budget, geometry, cfg.model.name)
     hardware = load_hardware(cfg.hardware, geometry)
     return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology))
 
@@ -72,6 +72,7 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
         "budget_gb": setup.budget.gpu_gb,
         **{k: v for k, v in summary.items() if is_number(v)},  # experts_per_layer: the engine's B (the budget's)
     }
+    metrics.update(phase_figures(step_series, counts["prompts"]))
     for key, value in counts.items():
         if key in metrics:
             raise DuplicateMetricError(f"run count {key!r} is also an engine metric; rename one of them")
@@ -83,6 +84,20 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
                        versions=versions(), step_series=step_series)
     result.flat_metrics()  # a key reported twice is an error now, before anything is written
     return result
+
+
+def phase_figures(step_series: list[dict[str, Any]], prompts: int) -> dict[str, float]:
+    """An autoregressive run's prefill and decode apart (docs/model-families.md): the
+    modeled seconds of each phase, the time to first token (the prefill forward, which
+    yields the first token; mean over prompts) and the time per output token (a decode
+    forward yields one). Runs without decode forwards (block diffusion) report none."""
+    prefill = [p["modeled_latency_s"] for p in step_series if p["kind"] == "prefill"]
+    decode = [p["modeled_latency_s"] for p in step_series if p["kind"] == "decode"]
+    if not decode:
+        return {}
+    prefill_s, decode_s = sum(prefill), sum(decode)
+    return {"time_prefill_s": prefill_s, "time_decode_s": decode_s,
+            "ttft_s": prefill_s / max(1, prompts), "tpot_s": decode_s / len(decode)}
 
 
 def versions() -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""The `model` config node (which model, its weights and dtype) and the nominal geometry it
-names: what the cost model charges, whatever weights run."""
+"""The `model` config node: which model (an LLaDA2 model in this package's own code, or a
+transformers MoE family served through harness/families/), its weights and dtype."""
 
 from __future__ import annotations
 
@@ -8,18 +8,20 @@ from dataclasses import dataclass
 from omegaconf import MISSING
 
 from harness.common.checks import MAX_SEED, given, require
-from harness.model.config import LLaDA2Config
-from harness.model.proxy import proxy_config
 
-MODEL_NAMES = ("tiny", "mini", "flash")
+LLADA2_NAMES = ("tiny", "mini", "flash")
+# transformers MoE families (harness/families/configs/<name>.json; tests/unit/test_families.py
+# holds this list to that folder)
+FAMILY_NAMES = ("diffusiongemma", "qwen3_moe", "mixtral", "olmoe")
+MODEL_NAMES = LLADA2_NAMES + FAMILY_NAMES
 DTYPES = ("float32", "bfloat16")
 WEIGHT_KINDS = ("trained", "random")  # proxies: harness/training/proxy_cache.py
 
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING  # tiny | mini | flash
-    nominal: str = MISSING  # published geometry (llada2_mini | llada2_flash) or 'proxy' for tiny
+    name: str = MISSING  # tiny | mini | flash | diffusiongemma | qwen3_moe | mixtral | olmoe
+    nominal: str = MISSING  # published geometry (llada2_mini | llada2_flash | a family's name) or 'proxy' for tiny
     path: str | None = None  # real checkpoint directory; null -> proxy weights
     dtype: str = "float32"  # float32 | bfloat16
     proxy_seed: int = 0
@@ -30,12 +32,13 @@ class ModelConfig:
                  f"model.name={self.name!r} is not allowed; use one of {', '.join(MODEL_NAMES)}")
         require(self.weights in WEIGHT_KINDS,
                  f"model.weights={self.weights!r} is not allowed; use trained or random")
+        require(not (self.is_family and self.weights == "trained"),
+                f"model.weights=trained has no recipe for model={self.name}; its proxy is random (balanced "
+                "routers): use model.weights=random or model.path=<checkpoint>")
         require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
         require(0 <= self.proxy_seed <= MAX_SEED, f"model.proxy_seed={self.proxy_seed} must be in [0, 2**63-1]")
 
-
-def nominal_geometry(model_cfg: ModelConfig) -> LLaDA2Config:
-    """The published geometry the model's runs are charged as (the proxy's own for tiny)."""
-    if model_cfg.nominal == "proxy":
-        return proxy_config(model_cfg.name)
-    return LLaDA2Config.published(model_cfg.nominal)
+    @property
+    def is_family(self) -> bool:
+        """A transformers family (transformers' modeling and generate), not LLaDA2's own code."""
+        return self.name in FAMILY_NAMES

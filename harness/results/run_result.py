@@ -26,7 +26,7 @@ from typing import Any
 from harness.common.files import read_json, write_json_atomic
 from harness.traces.routing_stats import routing_metrics
 
-SCHEMA = 2  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
+SCHEMA = 3  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
 OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from")  # written only when set
@@ -221,7 +221,7 @@ class RunResult:
         lines = [
             f"[{ident.system}] model={ident.model} ({ident.weights} weights{charged}) budget={b['name']} "
             f"B={b['experts_per_layer']} cache={ident.decode_cache} hardware={ident.hardware}{charging}: "
-            f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {m['denoise_steps']} denoising steps | "
+            f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {steps_text(m)} | "
             f"{speed} | miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens "
             f"{m['cpu_expert_tokens']}{tau} | {lossless}"
         ]
@@ -310,3 +310,12 @@ def param_value(value: Any) -> str:
 def run_params(config: Mapping[str, Any]) -> dict[str, str]:
     """The flattened resolved config; where it is logged is not part of what ran."""
     return {k: param_value(v) for k, v in flatten(config).items() if not k.startswith(("tracking.", "hydra."))}
+
+
+def steps_text(m: dict[str, Any]) -> str:
+    """The forwards that made the tokens: denoising steps, or an autoregressive run's decode
+    steps with its (modeled) time to first token and per output token."""
+    if m.get("decode_steps"):
+        return (f"{m['decode_steps']} decode steps, ttft {1e3 * m['ttft_s']:.1f} ms, "
+                f"tpot {1e3 * m['tpot_s']:.1f} ms")
+    return f"{m['denoise_steps']} denoising steps"

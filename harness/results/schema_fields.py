@@ -160,6 +160,12 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "prompts": ("prompts", _COUNTS, "prompts decoded"),
     "generated_tokens": ("tokens", _COUNTS, "decoded positions before each prompt's first EOS, summed"),
     "denoise_steps": ("steps", _COUNTS, "denoising forwards"),
+    "decode_steps": ("steps", _COUNTS, "autoregressive families only: decode forwards (one token each)"),
+    "time_prefill_s": ("s (modeled)", _SECTION, "autoregressive families only: the prefill forwards' time"),
+    "time_decode_s": ("s (modeled)", _SECTION, "autoregressive families only: the decode forwards' time"),
+    "ttft_s": ("s (modeled)", _SECTION, "autoregressive families only: time to first token (the prefill "
+                                        "forward), mean over prompts"),
+    "tpot_s": ("s (modeled)", _SECTION, "autoregressive families only: time per output token (a decode forward)"),
     "routed_tokens": ("tokens", _COUNTS, "tokens routed through the MoE layers over every forward"),
     "lossless": ("0/1", _LOSSLESS, "1 when every generated token equals the gpu_only reference's"),
     "token_match_rate": ("fraction", _LOSSLESS, "generated tokens equal to the reference's"),

@@ -16,29 +16,35 @@ from systems.tide import Tide
 from tests.conftest import REPO
 
 register_configs()
-EXPERIMENTS = ("table1", "table1_flash", "tau_ablation", "tau_sweep")
+EXPERIMENTS = ("table1", "table1_flash", "tau_ablation", "tau_sweep", "diffusiongemma", "ar_offload")
+MODEL_OF = {"table1_flash": "flash", "diffusiongemma": "diffusiongemma", "ar_offload": "qwen3_moe"}
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes_as_a_replay_grid(name):
     cfg = compose_checked([f"+experiment={name}"])
     assert cfg.source == "trace" and cfg.system.name == "tide"
-    assert cfg.model.name == ("flash" if name.endswith("flash") else "mini")
+    assert cfg.model.name == MODEL_OF.get(name, "mini")
 
 
 REDUCED = {
     "table1": ["decode.gen_length=8,16", "budget=10GB", "system=gpu_only,tide"],
     "tau_ablation": ["decode.gen_length=8", "block=32", "budget=10GB,18GB", "system.tau=1,random"],
     "tau_sweep": ["system.tau=1,2,auto"],
+    # the transformers families: the smallest AR family stands in for the experiment's two
+    "ar_offload": ["model=olmoe", "budget.gpu_gb=4", "system=gpu_only,tide,dali"],
+    "diffusiongemma": ["decode.steps=4", "budget.gpu_gb=24", "system=gpu_only,tide"],
 }
+BASE = {"ar_offload": [], "diffusiongemma": []}  # model=tiny does not apply to a family
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(REDUCED))
 def test_reduced_experiment_runs(name, proxy_cache, tmp_path, tiny_dir):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "harness", "-m", f"+experiment={name}", "model=tiny", "limit_prompts=1",
-           "decode.gen_length=8", "block=32", "tracking.enabled=false", f"hydra.sweep.dir={sweep}", *REDUCED[name]]
+    cmd = [sys.executable, "-m", "harness", "-m", f"+experiment={name}", *BASE.get(name, ["model=tiny"]),
+           "limit_prompts=1", "decode.gen_length=8", "block=32", "tracking.enabled=false", f"hydra.sweep.dir={sweep}",
+           *REDUCED[name]]
     env = {**os.environ, "HARNESS_CACHE": str(proxy_cache)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

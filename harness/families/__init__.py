@@ -1,0 +1,8 @@
+"""Transformers MoE families (issue 26): the bridge at transformers' experts interface
+(bridge.py), one adapter per family (adapter.py, diffusiongemma.py, registry.py), their
+published geometry (geometry.py, configs/*.json), proxies (proxies.py) and checkpoint
+loading (loading.py).
+
+Below the placement interface: nothing here imports the engine or its callers (only
+harness.common.errors, harness.common.files and transformers). The decode drivers that run these
+models live in harness/decode (ar_generate.py, diffusiongemma_generate.py)."""
