@@ -102,12 +102,12 @@ def int_arg(args: dict[str, str], key: str, default: int, upper: int, what: str)
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     out = check_output_dir(args.get("out", Path(args["trace"]).parent), "out")
+    if args.get("format", "table") == "table":
+        probe_output_dir(out, "out", create=False)  # before any work
     trace = RoutingTrace.load(args["trace"])
     longest = max((len(run) for run in denoise_runs(trace)), default=1)
     b = int_arg(args, "B", 64, trace.n_experts, "the trace's experts per layer")
     max_k = int_arg(args, "max_k", 8, max(1, longest - 1), "the longest block's denoising steps - 1")
-    if args.get("format", "table") == "table":
-        probe_output_dir(out, "out", create=False)  # before the analysis, not after it
     stats = statistics_with_uniform(trace, b, max_k)
     if args.get("format", "table") == "json":
         decode = trace.meta.get("decode") if isinstance(trace.meta.get("decode"), dict) else {}
