@@ -56,14 +56,17 @@ from harness.tracking.run_files import RESULT_FILE, find_files
 from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
 
 BASELINES = ("fiddler", "mixtral_offload")
-TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "lossless"]
+TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "ttft_s", "tpot_s", "lossless"]
+# shown only for the systems (and runs) that report them: tau* (tide), and an autoregressive
+# run's time to first token and per output token (prefill and decode apart)
+SOMETIMES = ("tau_star", "ttft_s", "tpot_s")
 SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",
                  "decode_cache", "tau", "tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
                  "lossless", "token_match_rate", "wall_tokens_per_s", "timing"]
 LABELS = {"tokens_per_s": "tok/s", "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
           "lossless": "lossless", "wall_tokens_per_s": "wall tok/s", "io_gb": "io GB",
           "cpu_expert_tokens": "cpu tokens", "token_match_rate": "match", "gen_length": "gen",
-          "block_length": "block", "decode_cache": "cache"}
+          "block_length": "block", "decode_cache": "cache", "ttft_s": "ttft ms", "tpot_s": "tpot ms"}
 
 
 # --------------------------------------------------------------------------- records
@@ -214,7 +217,7 @@ def pivot(keyed: Keyed) -> pd.DataFrame:
     df = with_speedups(keyed.frame, keys)
     wide = df.pivot(index=keys, columns="system", values=TABLE_METRICS).swaplevel(axis=1)
     columns = [(s, m) for s in system_order(list(df["system"].unique())) for m in TABLE_METRICS
-               if m != "tau_star" or wide[(s, m)].notna().any()]
+               if m not in SOMETIMES or wide[(s, m)].notna().any()]
     return wide.reindex(columns=pd.MultiIndex.from_tuples(columns, names=["system", "metric"])).sort_index(
         key=_order_key)
 
@@ -241,6 +244,7 @@ FORMATS: dict[str, Callable[[float], str]] = {
     "tokens_per_s": lambda x: f"{x:.1f}", "wall_tokens_per_s": lambda x: f"{x:.1f}",
     "speedup": lambda x: f"{x:.2f}x", "miss_rate": _pct, "token_match_rate": _pct, "tau_star": lambda x: f"{x:g}",
     "lossless": _yes_no, "io_gb": lambda x: f"{x:.3f}", "cpu_expert_tokens": lambda x: f"{x:g}",
+    "ttft_s": lambda x: f"{1e3 * x:.1f}", "tpot_s": lambda x: f"{1e3 * x:.2f}",
 }
 
 

@@ -29,7 +29,7 @@ NOT_SETTING_KEYS = {"cache_dir", "show_text", "resume", "block", "backend", "tra
 SYSTEM_ORDER = [label for entry in REGISTRY.values() for label in entry.report_labels]
 
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
-                  "lossless", "token_match_rate", "experts_per_layer"]
+                  "lossless", "token_match_rate", "experts_per_layer", "ttft_s", "tpot_s"]
 
 SWEEP_FILES = ("sweep_summary.csv", "sweep_summary.md", "throughput.png")
 

@@ -9,6 +9,7 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+from harness.model.settings import LLADA2_NAMES
 from harness.tracking.mlflow_store import find_marker
 from harness.tracking.settings import TrackingConfig
 
@@ -29,7 +30,9 @@ def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> s
     if tracking.experiment:
         return tracking.experiment
     models = sorted(set(models))
-    return f"llada2-{models[0]}" if len(models) == 1 else "llada2-sweeps"
+    if len(models) == 1:  # llada2-mini; a transformers family by its own name (qwen3_moe)
+        return f"llada2-{models[0]}" if models[0] in LLADA2_NAMES else models[0]
+    return "llada2-sweeps" if set(models) <= set(LLADA2_NAMES) else "moe-sweeps"
 
 
 @lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ class TrackingConfig:
 
     enabled: bool = True
     uri: str = DEFAULT_URI  # sqlite:///path.db, http://host:5000, postgresql://..., ...
-    experiment: str | None = None  # null: one experiment per model ("llada2-mini")
+    experiment: str | None = None  # null: one experiment per model ("llada2-mini", "qwen3_moe")
     artifact_root: str | None = None  # null: <store dir>/mlartifacts for sqlite, the server's default otherwise
     timeout_s: float = DEFAULT_TIMEOUT_S  # the longest a request to a tracking server may take (no retries)
 
