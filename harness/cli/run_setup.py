@@ -13,6 +13,7 @@ import torch
 
 import harness
 from harness.cli.config import HarnessConfig
+from harness.core.breakdown import cost_breakdown
 from harness.core.budget import Budget, resolve_budget
 from harness.core.cost import CostModel, HardwareConfig
 from harness.core.engine import OffloadEngine
@@ -76,6 +77,8 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
     result = RunResult(identity=identity, config=cfg.as_dict(), budget=setup.budget.as_dict(), metrics=metrics,
                        system_report=setup.system.report(), timing=Timing("modeled", dict(clock)),
                        versions=versions(), step_series=step_series)
+    result.cost_breakdown = cost_breakdown(engine.ledger.cost_rows(), [s["kind"] for s in step_series])
+    result.hardware_estimates = setup.hardware.estimates()
     result.flat_metrics()  # a key reported twice is an error now, before anything is written
     return result
 

@@ -89,6 +89,10 @@ class RunResult:
     decoded: DecodedOutputs | None = None
     workload: dict[str, Any] | None = None  # the prompts decoded (MLflow's dataset input)
     routing: dict[str, Any] | None = None  # routing statistics of the recorded trace, with their uniform values
+    # modeled time by component, per forward and per phase (harness/core/breakdown.py)
+    cost_breakdown: dict[str, Any] | None = None
+    # the hardware profile's constants whose source is an estimate, with that source (conf/hardware)
+    hardware_estimates: dict[str, str] | None = None
     schema: int = SCHEMA
 
     # ------------------------------------------------------------------ the flat metrics
@@ -127,6 +131,10 @@ class RunResult:
             out["workload"] = self.workload
         if self.routing is not None:
             out["routing"] = self.routing
+        if self.hardware_estimates is not None:
+            out["hardware_estimates"] = self.hardware_estimates
+        if self.cost_breakdown is not None:
+            out["cost_breakdown"] = self.cost_breakdown
         return out
 
     def save_json(self, path: str | Path) -> Path:
@@ -157,6 +165,8 @@ class RunResult:
                    versions=dict(data.get("versions") or {}), step_series=list(data.get("step_series") or []),
                    decoded=decoded, workload=data.get("workload") if isinstance(data.get("workload"), dict) else None,
                    routing=dict(routing) if routing is not None else None,
+                   cost_breakdown=_mapping(data.get("cost_breakdown")),
+                   hardware_estimates=_mapping(data.get("hardware_estimates")),
                    schema=int(data.get("schema", SCHEMA)))
 
     @classmethod
@@ -247,6 +257,10 @@ class RunResult:
         return {k: str(v) for k, v in tags.items() if v is not None}
 
 
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, Mapping) else None
+
+
 def routing_metrics_of(routing: Mapping[str, Any] | None) -> dict[str, float]:
     """The flat routing_* metrics of a routing section (none without one)."""
     if not routing:
@@ -282,4 +296,6 @@ def param_value(value: Any) -> str:
 
 def run_params(config: Mapping[str, Any]) -> dict[str, str]:
     """The flattened resolved config; where it is logged is not part of what ran."""
-    return {k: param_value(v) for k, v in flatten(config).items() if not k.startswith(("tracking.", "hydra."))}
+    # hardware.sources: long citations, one per constant; they are in the config.yaml artifact
+    return {k: param_value(v) for k, v in flatten(config).items()
+            if not k.startswith(("tracking.", "hydra.", "hardware.sources."))}
