@@ -87,3 +87,16 @@ def test_copies_in_flight_at_the_end_of_a_forward_are_exposed_copy_time(tmp_path
     run_job(cfg, tmp_path)
     result = RunResult.from_json(tmp_path / "result.json")
     assert result.metrics["copies_async"] > 0 and result.cost_breakdown["totals"]["copies_exposed_s"] > 0
+
+
+def test_the_report_shows_the_breakdown_table_and_plots_it_by_window(tmp_path):
+    from harness.report.report import records_from_dirs, write_report
+
+    for name in ("fiddler", "tide-sequential"):
+        cfg = compose_checked([*MINI_REPLAY, *VARIANTS[name], f"cache_dir={tmp_path / 'cache'}"])
+        run_job(cfg, tmp_path / "runs" / name)
+    text, figures = write_report(records_from_dirs([tmp_path / "runs"]), tmp_path / "report")
+    assert "## Where the modeled time goes" in text
+    table = text.split("## Where the modeled time goes")[1]
+    assert "| 32-10GB | fiddler |" in table and "| 32-10GB | tide-sequential |" in table
+    assert [f.name for f in figures if f.name.startswith("breakdown_")] == ["breakdown_mini_prefix_10GB_32.png"]

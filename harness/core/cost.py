@@ -211,7 +211,8 @@ class CostModel:
         if hw.cpu_table_shape != expert_shape(geometry):
             raise HarnessError(
                 f"hardware.cpu_table_shape={hw.cpu_table_shape!r} was measured for another expert shape "
-                f"than this model's {expert_shape(geometry)}; re-profile with hardware=local"
+                f"than this model's {expert_shape(geometry)}; re-profile with hardware=local or "
+                "python -m harness.profile model=<this model>"
             )
         # timing noise must not make more tokens cheaper; it only ever adds time, so a row
         # above a later one is the noisy one (see suffix_min)

@@ -6,9 +6,9 @@ hardware constants it was charged with? (docs/sensitivity.md)
     python -m harness.sensitivity sweep=... scales=0.25,4,9 constants=cpu_tflops,pcie_gbps out=DIR
 
 Options (key=value): sweep (required), out (default <sweep>/sensitivity), scales
-(low,high,points; default 0.25,4,9, log-spaced, 1 always included), constants (default: all
+(low,high,points; default 0.25,4,5: 0.25, 0.5, 1, 2, 4, log-spaced, 1 always included), constants (default: all
 that charge the sweep's profile), references (default gpu_only,oracle), baselines (default
-fiddler,mixtral_offload), margin_move (0.10), tolerance (0.01: bisection to 1%), tracking
+fiddler,mixtral_offload), margin_move (0.10), tolerance (0.05: bisection to 5%), tracking
 (true: log under the sweep's MLflow parent run), shortcut (true: re-charge recorded
 outcomes where a system's decisions cannot have changed; false: replay everything), skip
 (default oracle: systems not replayed, listed with their 1x figure; the oracle re-solves its
@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from harness.cli.config import register_configs
 from harness.errors import HarnessError, exit_with
 from harness.sensitivity.analysis import Roles
@@ -32,8 +34,8 @@ from harness.sensitivity.scaling import scale_grid
 from harness.sensitivity.sweep import load_sweep, replayer_for
 from harness.traces.trace import RoutingTrace
 
-DEFAULTS = {"sweep": "", "out": "", "scales": "0.25,4,9", "constants": "", "references": "gpu_only,oracle",
-            "baselines": "fiddler,mixtral_offload", "margin_move": "0.10", "tolerance": "0.01", "tracking": "true",
+DEFAULTS = {"sweep": "", "out": "", "scales": "0.25,4,5", "constants": "", "references": "gpu_only,oracle",
+            "baselines": "fiddler,mixtral_offload", "margin_move": "0.10", "tolerance": "0.05", "tracking": "true",
             "shortcut": "true", "skip": "oracle"}
 
 
@@ -81,9 +83,10 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     cells: list[CellResult] = []
     traces: dict[str, RoutingTrace] = {}
+    loads: dict[str, np.ndarray] = {}
     skip = {s for s in options["skip"].split(",") if s}
     for cell in load_sweep(sweep):
-        replayers = {label: replayer_for(job, traces) for label, job in cell.jobs.items() if label not in skip}
+        replayers = {label: replayer_for(job, traces, loads) for label, job in cell.jobs.items() if label not in skip}
         for replayer in replayers.values():
             replayer.shortcut = _flag(options["shortcut"], "shortcut")
         recorded = {label: float(job.result.flat_metrics()["tokens_per_s"]) for label, job in cell.jobs.items()}
@@ -93,6 +96,7 @@ def main(argv: list[str]) -> int:
         print(f"{result.name}: {result.replays} replays, {result.recharges} re-charges, {result.seconds:.1f} s",
               file=sys.stderr)
         traces.clear()  # a cell's trace is not shared with the next cell's
+        loads.clear()
     files = write_outputs(cells, roles, out, command, factors)
     print((out / "sensitivity.md").read_text())
     if _flag(options["tracking"], "tracking"):

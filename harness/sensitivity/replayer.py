@@ -8,8 +8,8 @@ numbers it yields (a *decision key*): gpu_only and mixtral_offload never ask it;
 asks only whether each load is cheaper on the CPU than copied; tide (tau fixed or random)
 never asks, and with tau=auto only through tau*. When a replay's key equals one already
 replayed, the placement outcomes recorded then are charged again by the new cost model
-(a fresh ledger), which gives the replay's result without planning anything; a test holds
-the two to the same bits. Every other system is replayed in full each time.
+(harness/sensitivity/recharge.py), which gives the replay's result without planning
+anything; a test holds the two to the same bits. Every other system is replayed in full each time.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ from harness.core.engine import OffloadEngine
 from harness.core.ledger import LayerOutcomes, Ledger
 from harness.decode.decoding import StepInfo
 from harness.model import LLaDA2Config
+from harness.sensitivity.recharge import PreparedOutcomes
 from harness.traces.batch_replay import replay_trace
 from harness.traces.trace import RoutingTrace
 from systems.base import System
 from systems.registry import system_from_config
 
-Charge = tuple[list[StepInfo], list[tuple[int, int]], LayerOutcomes, bool]
+Charge = tuple[list[StepInfo], list[tuple[int, int]], LayerOutcomes]
 KeyFn = Callable[[System, CostModel, int], Hashable]
+KEPT_OUTCOMES = 4  # recorded outcomes a replayer keeps (by decision key)
 
 
 def _no_key(system: System, cost: CostModel, top: int) -> Hashable:
@@ -67,6 +69,11 @@ class JobSpec:
     calibration: RoutingTrace | None
     decode_steps: int
     generated_tokens: int
+    loads: np.ndarray | None = None  # the trace's loads as int64 [F, L, E], shared by the jobs of a trace
+
+
+def trace_loads(trace: RoutingTrace) -> np.ndarray:
+    return trace.loads.numpy().astype(np.int64)
 
 
 class JobReplayer:
@@ -75,8 +82,10 @@ class JobReplayer:
     def __init__(self, spec: JobSpec, shortcut: bool = True) -> None:
         self.spec = spec
         self.shortcut = shortcut
-        self.top = int(spec.trace.loads.max()) if len(spec.trace) else 0
-        self._recorded: dict[Hashable, list[Charge]] = {}
+        if spec.loads is None:
+            spec.loads = trace_loads(spec.trace)
+        self.top = int(spec.loads.max()) if spec.loads.size else 0
+        self._recorded: dict[Hashable, PreparedOutcomes] = {}
         self._busy: dict[str, float] | None = None  # CPU and link use at the job's own profile
         self.replays = self.recharges = 0
 
@@ -94,15 +103,19 @@ class JobReplayer:
         key = key_fn(system, cost, self.top) if key_fn is not None else None
         if key_fn is not None and key in self._recorded:
             self.recharges += 1
-            return recharge(self._recorded[key], cost, engine.ledger)
+            return self._recorded[key].modeled_seconds(cost)
         charges: list[Charge] = []
         if key_fn is not None:
-            _record_charges(engine.ledger, charges)
+            _record_charges(engine.ledger, charges, spec.loads)
         replay_trace(engine, spec.trace)
         self.replays += 1
         figures = engine.ledger.figures()
         if key_fn is not None:
-            self._recorded[key] = charges
+            ledger = engine.ledger
+            while len(self._recorded) >= KEPT_OUTCOMES:  # the oldest goes: outcomes of a long trace take GBs
+                self._recorded.pop(next(iter(self._recorded)))
+            self._recorded[key] = PreparedOutcomes(charges, ledger.n_layers, ledger.overlap, ledger.pipeline_slots,
+                                                   spec.loads)
         if self._busy is None and hw == spec.hardware:
             self._busy = {"cpu": figures["busy_cpu_experts_s"], "link": figures["busy_copies_s"]}
         return figures["modeled_time_s"]
@@ -118,27 +131,29 @@ class JobReplayer:
         return DECISION_KEYS.get(name) is _no_key and part in self._busy and self._busy[part] == 0.0
 
 
-def _record_charges(ledger: Ledger, charges: list[Charge]) -> None:
+def _record_charges(ledger: Ledger, charges: list[Charge], loads: np.ndarray) -> None:
     """Keep a copy of every batch of forwards the ledger charges (a live chunk's arrays are
-    views of buffers the ledger reuses)."""
+    views of buffers the ledger reuses); their loads are the trace's, kept once: a view of
+    `loads` at the batch's forwards (a replay charges its forwards in order)."""
     charge = ledger.charge
+    first = [0]
 
     def recording(steps: list[StepInfo], sizes: list[tuple[int, int]], out: LayerOutcomes,
                   closed: bool = True) -> None:
-        kept = LayerOutcomes(**{f.name: _copy(getattr(out, f.name)) for f in fields(LayerOutcomes)})
-        charges.append((list(steps), list(sizes), kept, closed))
         charge(steps, sizes, out, closed)
+        if not closed:  # a look at an open forward's counters (counters_now), undone after it
+            return
+        n, m = out.loads.shape[:2]
+        view = loads[first[0] : first[0] + n, :m]
+        if view.shape != out.loads.shape:
+            raise RuntimeError("a replay charged forwards out of order; the re-charge cannot share the trace's loads")
+        masks = {f.name: _copy(getattr(out, f.name)) for f in fields(LayerOutcomes) if f.name != "loads"}
+        kept = LayerOutcomes(loads=view, **masks)
+        first[0] += n
+        charges.append((list(steps), list(sizes), kept))
 
     ledger.charge = recording  # type: ignore[method-assign]
 
 
 def _copy(value: Any) -> Any:
     return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
-
-
-def recharge(charges: list[Charge], cost: CostModel, like: Ledger) -> float:
-    """The modeled seconds of recorded outcomes charged by `cost` (a ledger like `like`)."""
-    ledger = Ledger(cost, like.n_layers, like.n_experts, like.overlap, like.pipeline_slots)
-    for steps, sizes, out, closed in charges:
-        ledger.charge(steps, sizes, out, closed)
-    return ledger.figures()["modeled_time_s"]

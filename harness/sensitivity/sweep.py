@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from harness.cli.cli_check import compose_checked
@@ -20,7 +21,7 @@ from harness.cli.run_setup import setup_run
 from harness.decode.loading import LoadedModel
 from harness.errors import HarnessError
 from harness.model import nominal_geometry
-from harness.sensitivity.replayer import JobReplayer, JobSpec
+from harness.sensitivity.replayer import JobReplayer, JobSpec, trace_loads
 from harness.traces.artifacts import calibration_trace
 from harness.traces.trace import RoutingTrace
 from harness.tracking.records import system_label
@@ -92,8 +93,8 @@ def _no_model() -> LoadedModel:
     raise HarnessError("a calibration trace is missing from the cache (cache_dir); run the sweep again to record it")
 
 
-def replayer_for(job: SweepJob, traces: dict[str, RoutingTrace]) -> JobReplayer:
-    """The job's replayer; traces are shared between the jobs of a cell (by path)."""
+def replayer_for(job: SweepJob, traces: dict[str, RoutingTrace], loads: dict[str, np.ndarray]) -> JobReplayer:
+    """The job's replayer; traces (and their loads) are shared between the jobs of a cell (by path)."""
     cfg, result = job.cfg, job.result
     geometry = nominal_geometry(cfg.model)
     setup = setup_run(cfg, geometry)
@@ -103,8 +104,11 @@ def replayer_for(job: SweepJob, traces: dict[str, RoutingTrace]) -> JobReplayer:
     if path not in traces:
         traces[path] = RoutingTrace.load(Path(path))
     trace = traces[path]
+    if path not in loads:
+        loads[path] = trace_loads(trace)
     calibration = calibration_trace(cfg, cfg.decode, _no_model) if setup.needs_calibration else None
     metrics = result.flat_metrics()
     spec = JobSpec(cfg.system, geometry, setup.budget.experts_per_layer, setup.budget.scope, setup.hardware, trace,
-                   calibration, recorded_steps(trace, Path(path), cfg.decode.steps), int(metrics["generated_tokens"]))
+                   calibration, recorded_steps(trace, Path(path), cfg.decode.steps), int(metrics["generated_tokens"]),
+                   loads[path])
     return JobReplayer(spec)

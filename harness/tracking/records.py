@@ -65,6 +65,7 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "hardware": ident.hardware, "weights": ident.weights,
         "step_series": result.step_series,
         "routing": result.routing,
+        "cost_breakdown": result.cost_breakdown,
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)
