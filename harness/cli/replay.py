@@ -25,7 +25,7 @@ from harness.decode.loading import LoadedModel, load_model
 from harness.decode.workload import load_prompts, workload_record
 from harness.errors import HarnessError
 from harness.model import LLaDA2Config, nominal_geometry
-from harness.traces.artifacts import calibration_trace, workload_trace
+from harness.traces.artifacts import calibration_path, calibration_trace, workload_trace
 from harness.traces.batch_replay import replay_trace
 from harness.traces.trace import RoutingTrace
 from harness.tracking.result import RunIdentity, RunResult
@@ -94,11 +94,13 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     if cfg.trace.path is not None:
         path = Path(cfg.trace.path)
         trace, calibration = explicit_traces(path, setup.needs_calibration)
+        calibration_file = path.parent / "calibration.npz" if calibration is not None else None
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         workload = workload_record(cfg.workload, prompts)
         trace, path = workload_trace(cfg, prompts, settings, model)
         calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
+        calibration_file = calibration_path(cfg, settings) if calibration is not None else None
     check_geometry(trace, setup.geometry, path, str(cfg.model.name))
     if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
         check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
@@ -119,7 +121,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording
     identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
                            checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
-                           trace_derived_from=str(derived) if derived else None)
+                           trace_derived_from=str(derived) if derived else None,
+                           calibration=str(calibration_file) if calibration_file is not None else None)
     result = build_result(cfg, setup, engine, counts, clock, identity)
     result.workload = workload
     result.save_json(run_dir / "result.json")

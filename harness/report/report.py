@@ -34,6 +34,7 @@ import yaml
 from harness.errors import HarnessError, OneLineParser, check_output_dir
 from harness.report import plots
 from harness.report.breakdown import breakdown_by_window, breakdown_markdown
+from harness.report.notes import early_stop_markdown, replay_routing_markdown, tau_flatness_markdown
 from harness.routing_stats import STAT_KEYS
 from harness.tracking.mlflow_store import open_store
 from harness.tracking.records import (
@@ -257,7 +258,9 @@ def sweep_markdown(table: pd.DataFrame) -> str:
 def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     wide = paper_table(records)
-    text = paper_markdown(wide, experts_per_cell(records)) + routing_markdown(records) + breakdown_markdown(records)
+    text = (paper_markdown(wide, experts_per_cell(records)) + early_stop_markdown(records) + routing_markdown(records)
+            + replay_routing_markdown(records, [LABELS.get(k, k) for k in ROUTING_KEYS])
+            + tau_flatness_markdown(records) + breakdown_markdown(records))
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)

@@ -106,7 +106,11 @@ def replayer_for(job: SweepJob, traces: dict[str, RoutingTrace], loads: dict[str
     trace = traces[path]
     if path not in loads:
         loads[path] = trace_loads(trace)
-    calibration = calibration_trace(cfg, cfg.decode, _no_model) if setup.needs_calibration else None
+    calibration = None
+    if setup.needs_calibration:  # the file the job named, else (older results) the cached one by key
+        named = result.identity.calibration
+        calibration = RoutingTrace.load(Path(named)) if named and Path(named).is_file() else \
+            calibration_trace(cfg, cfg.decode, _no_model)
     metrics = result.flat_metrics()
     spec = JobSpec(cfg.system, geometry, setup.budget.experts_per_layer, setup.budget.scope, setup.hardware, trace,
                    calibration, recorded_steps(trace, Path(path), cfg.decode.steps), int(metrics["generated_tokens"]),

@@ -23,7 +23,7 @@ SYSTEM_ORDER = ["gpu_only", "fiddler", "mixtral_offload", "dali", "tide", "tide-
                 "ep_linear", "gem"]
 
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
-                  "lossless", "token_match_rate", "experts_per_layer"]
+                  "lossless", "token_match_rate", "experts_per_layer", "generated_tokens", "prompts"]
 
 SWEEP_FILES = ("sweep_summary.csv", "sweep_summary.md", "throughput.png")
 
@@ -66,6 +66,8 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "step_series": result.step_series,
         "routing": result.routing,
         "cost_breakdown": result.cost_breakdown,
+        "trace": ident.trace,  # a replay's trace file (routing statistics in the report)
+        "tau_curve": result.system_report.get("lat_curve"),  # TIDE's objective over tau = 1..T
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)

@@ -29,7 +29,7 @@ from harness.routing_stats import routing_metrics
 SCHEMA = 1
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
-OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from")  # written only when set
+OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from", "calibration")  # written only when set
 
 
 class DuplicateMetricError(ValueError):
@@ -55,6 +55,7 @@ class RunIdentity:
     trace: str | None = None  # replays: the trace file
     replay: str | None = None  # replays: how the trace was replayed
     trace_derived_from: str | None = None  # replays of a no-cache trace derived from a prefix-cached one
+    calibration: str | None = None  # replays: the calibration trace the system learned from
 
 
 @dataclass
