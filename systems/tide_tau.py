@@ -131,6 +131,7 @@ class RefreshWindows:
         self._every = torch.cat(self.loads)
         self.top = int(self._every.max()) if self._every.numel() else 0
         self._seconds: dict[tuple[Any, ...], torch.Tensor] = {}  # bounded: SECONDS_KEPT entries
+        self._per_expert: dict[bool, tuple[bytes, torch.Tensor]] = {}
 
     def refresh(self, resident: torch.Tensor, block: int, step: int) -> torch.Tensor:
         """`refresh_residency(resident, loads of that step, capacity)`, from the precomputed
@@ -166,19 +167,18 @@ class RefreshWindows:
         the link reuses them."""
         key = (tau, on_gpu, table[: self.top + 1].numpy().tobytes())
         if key not in self._seconds:
-            per = (on_gpu, key[2])
-            if per not in self._seconds:
-                self._seconds[per] = torch.where(self._every > 0, table[self._every], 0.0)
+            per = self._per_expert.get(on_gpu)
+            if per is None or per[0] != key[2]:  # one [S, L, E] table per device: the last one asked for
+                per = self._per_expert[on_gpu] = (key[2], torch.where(self._every > 0, table[self._every], 0.0))
             serving = self.at(tau)[0]
-            seconds = self._seconds[per]
-            self._seconds[key] = (torch.where(serving, seconds, 0.0) if on_gpu else
-                                  torch.where(serving, 0.0, seconds)).sum(-1)
+            self._seconds[key] = (torch.where(serving, per[1], 0.0) if on_gpu else
+                                  torch.where(serving, 0.0, per[1])).sum(-1)
             while len(self._seconds) > SECONDS_KEPT:
                 self._seconds.pop(next(iter(self._seconds)))
         return self._seconds[key]
 
 
-SECONDS_KEPT = 4096
+SECONDS_KEPT = 512  # [steps, layers] sums kept per calibration trace
 
 
 class RefreshReplay:

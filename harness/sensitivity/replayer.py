@@ -33,7 +33,7 @@ from systems.registry import system_from_config
 
 Charge = tuple[list[StepInfo], list[tuple[int, int]], LayerOutcomes]
 KeyFn = Callable[[System, CostModel, int], Hashable]
-KEPT_OUTCOMES = 4  # recorded outcomes a replayer keeps (by decision key)
+KEPT_OUTCOMES = 2  # recorded outcomes a replayer keeps (by decision key; a gen-1024 replay's take ~0.3 GB)
 
 
 def _no_key(system: System, cost: CostModel, top: int) -> Hashable:
