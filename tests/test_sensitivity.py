@@ -151,14 +151,14 @@ def test_recharges_give_the_bits_of_full_replays(variant):
 
 # ---- the command on a small sweep -------------------------------------------------------------
 
-def small_sweep(root: Path, cache: Path) -> Path:
+def small_sweep(root: Path, cache: Path, uri: str = "sqlite:///unused.db") -> Path:
     """A hand-built replay sweep of the tiny model: three systems x two budgets."""
     sweep = root / "sweep"
     systems = [["system=gpu_only"], ["system=fiddler"], ["system=tide", "system.tau=2"]]
     for i, (budget, system) in enumerate((b, s) for b in (8, 24) for s in systems):
         overrides = ["model=tiny", "decode.gen_length=12", "decode.block_length=8", "decode.steps=8",
                      "limit_prompts=2", "source=trace", "budget=custom", f"budget.experts_per_layer={budget}",
-                     f"cache_dir={cache}", "tracking.enabled=false", *system]
+                     f"cache_dir={cache}", "tracking.enabled=false", f"tracking.uri={uri}", *system]
         job_dir = sweep / str(i)
         (job_dir / ".hydra").mkdir(parents=True)
         (job_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
@@ -185,6 +185,24 @@ def test_the_command_writes_the_table_csv_and_a_tornado_per_cell(proxy_cache, ti
     assert "Warning" not in text  # the 1x replays equal the sweep's recorded figures
     for row in at_one:
         assert math.isfinite(float(row["tokens_per_s"]))
+
+
+def test_the_command_logs_under_the_sweeps_parent_run(proxy_cache, tiny_dir, tmp_path):
+    from harness.cli.config_parts import TrackingConfig
+    from harness.tracking.mlflow_store import open_store
+    from harness.tracking.sweep_run import start_parent_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = small_sweep(tmp_path, proxy_cache, uri)
+    parent = start_parent_run(TrackingConfig(uri=uri), sweep, {"tiny"}, ["system=gpu_only,fiddler,tide"])
+    assert sensitivity_main([f"sweep={sweep}", "scales=0.5,2,3", "constants=pcie_gbps", "references=gpu_only"]) == 0
+    client = open_store(uri)
+    run = client.get_run(parent)
+    assert run.data.tags["harness.sensitivity"] == "sensitivity/sensitivity.md"
+    assert any(k.startswith("sensitivity.") and k.endswith(".margin") for k in run.data.metrics)
+    logged = {a.path for a in client.list_artifacts(parent, "sensitivity")}
+    assert {"sensitivity/sensitivity.md", "sensitivity/sensitivity.csv"} <= logged
+    assert sum(p.startswith("sensitivity/tornado_") for p in logged) == 2
 
 
 def test_the_command_refuses_bad_arguments_in_one_line(tmp_path):

@@ -54,7 +54,7 @@ class _Runs:
         return self._sums(table[self.picked]).reshape(self.shape)
 
 
-KEPT = 64  # tables whose sums a `_Runs` keeps
+KEPT = 4  # tables whose sums a `_Runs` keeps ([forwards, layers] each: a gen-1024 replay's are 1 MB)
 
 
 class PreparedOutcomes:
