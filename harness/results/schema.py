@@ -27,7 +27,7 @@ from harness.results.run_result import SCHEMA, DecodedOutputs, RunIdentity, RunR
 PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "result-schema.md"
 
 # schema version -> the fingerprint of its fields (version 1 had no documented fields)
-SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a"}  # (the unit text of one row moved with routing_stats.py)
+SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "ebc498bae66d43fc"}  # 3: cost breakdown, estimates, calibration
 
 # (heading, dataclass or None, its table, what it describes)
 RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [
