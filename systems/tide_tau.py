@@ -115,13 +115,14 @@ def miss_fraction(blocks: list[torch.Tensor], capacity: int, tau: int) -> float:
     return missed / routed if routed else 0.0
 
 
-class RefreshReplay:
-    """TIDE's refresh every tau steps replayed over calibration blocks (loads [steps, L, E]),
-    for any tau. What does not depend on tau is computed once, for all steps at a time:
-    each step's top-B target, its demotion order, and (with a cost model) each routed
-    expert's GPU and CPU seconds. `run(tau)` then visits one refresh per tau steps."""
+class RefreshWindows:
+    """What TIDE's refresh every tau steps does over calibration blocks (loads [steps, L, E]),
+    independent of any cost model: per tau, the residency each step computes with (the
+    last refresh's), how many experts each refresh promotes, and the missed pairs. Each
+    tau's is replayed once and kept, so solving tau* again under another cost model (the
+    sensitivity analysis re-solves it for every scaled profile) only charges."""
 
-    def __init__(self, blocks: list[torch.Tensor], capacity: int, cost: CostModel | None = None) -> None:
+    def __init__(self, blocks: list[torch.Tensor], capacity: int) -> None:
         self.capacity = capacity
         self.n_layers, self.n_experts = blocks[0].shape[1:]
         self.loads = [block.long() for block in blocks]
@@ -129,42 +130,91 @@ class RefreshReplay:
         ids = torch.arange(self.n_experts)
         self.demote_keys = [loads * self.n_experts + ids for loads in self.loads]  # lowest load, then id
         self.routed_pairs = sum(int(loads.sum()) for loads in self.loads)
-        self.cost = cost
-        if cost is not None:
-            top = max(int(loads.max()) for loads in self.loads)
-            gpu_table = torch.from_numpy(cost.time_table("gpu", top))
-            cpu_table = torch.from_numpy(cost.time_table("cpu", top))
-            self.gpu_s = [torch.where(loads > 0, gpu_table[loads], 0.0) for loads in self.loads]
-            self.cpu_s = [torch.where(loads > 0, cpu_table[loads], 0.0) for loads in self.loads]
+        self._by_tau: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._every = torch.cat(self.loads)
+        self.top = int(self._every.max()) if self._every.numel() else 0
+        self._seconds: dict[tuple[Any, ...], torch.Tensor] = {}  # bounded: SECONDS_KEPT entries
+        self._per_expert: dict[bool, tuple[bytes, torch.Tensor]] = {}
 
     def refresh(self, resident: torch.Tensor, block: int, step: int) -> torch.Tensor:
         """`refresh_residency(resident, loads of that step, capacity)`, from the precomputed
         target and demotion keys."""
         return refresh_to_target(resident, self.targets[block][step], self.demote_keys[block][step], self.capacity)
 
+    def at(self, tau: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(residency bool [S, L, E] of every step of every block in order, experts promoted
+        int64 [S, L] (at each refresh's step, 0 elsewhere), missed pairs), residency carried
+        across blocks from the engine's default start (experts 0..B-1 of every layer)."""
+        if tau not in self._by_tau:
+            resident = torch.zeros(self.n_layers, self.n_experts, dtype=torch.bool)
+            resident[:, : min(self.capacity, self.n_experts)] = True
+            serving, promoted, missed = [], [], 0
+            for b, loads in enumerate(self.loads):
+                held = torch.empty(loads.shape, dtype=torch.bool)
+                moved = torch.zeros(loads.shape[:2], dtype=torch.long)
+                for start in range(0, loads.shape[0], tau):
+                    after = self.refresh(resident, b, start)
+                    held[start : start + tau] = after
+                    moved[start] = (after & ~resident).sum(-1)
+                    missed += int((loads[start : start + tau] * ~after).sum())
+                    resident = after
+                serving.append(held)
+                promoted.append(moved)
+            self._by_tau[tau] = (torch.cat(serving), torch.cat(promoted), missed)
+        return self._by_tau[tau]
+
+    def layer_seconds(self, tau: int, table: torch.Tensor, on_gpu: bool) -> torch.Tensor:
+        """float64 [S, L]: per step and layer, the summed seconds (`table` by load) of the
+        routed experts it serves on the GPU (on_gpu) or misses (else), refreshing every tau
+        steps. Kept by the table's values: a cost model that changes only the other device or
+        the link reuses them."""
+        key = (tau, on_gpu, table[: self.top + 1].numpy().tobytes())
+        if key not in self._seconds:
+            per = self._per_expert.get(on_gpu)
+            if per is None or per[0] != key[2]:  # one [S, L, E] table per device: the last one asked for
+                per = self._per_expert[on_gpu] = (key[2], torch.where(self._every > 0, table[self._every], 0.0))
+            serving = self.at(tau)[0]
+            self._seconds[key] = (torch.where(serving, per[1], 0.0) if on_gpu else
+                                  torch.where(serving, 0.0, per[1])).sum(-1)
+            while len(self._seconds) > SECONDS_KEPT:
+                self._seconds.pop(next(iter(self._seconds)))
+        return self._seconds[key]
+
+
+SECONDS_KEPT = 512  # [steps, layers] sums kept per calibration trace
+
+
+class RefreshReplay:
+    """TIDE's refresh every tau steps replayed over calibration blocks (loads [steps, L, E]),
+    for any tau: the cost-free part from `RefreshWindows` (shared: `windows`), and with a cost
+    model each routed expert's GPU and CPU seconds, charged for all steps at a time."""
+
+    def __init__(self, blocks: list[torch.Tensor], capacity: int, cost: CostModel | None = None,
+                 windows: RefreshWindows | None = None) -> None:
+        self.windows = windows or RefreshWindows(blocks, capacity)
+        self.capacity, self.n_layers, self.n_experts = capacity, self.windows.n_layers, self.windows.n_experts
+        self.loads = self.windows.loads
+        self.routed_pairs = self.windows.routed_pairs
+        self.cost = cost
+        if cost is not None:
+            top = self.windows.top
+            self.gpu_table = torch.from_numpy(cost.time_table("gpu", top))
+            self.cpu_table = torch.from_numpy(cost.time_table("cpu", top))
+
     def run(self, tau: int, overlap: bool = True) -> tuple[int, int, float]:
         """(missed pairs, routed pairs, charged expert seconds per block per layer) with a
         refresh every tau steps; the charge (0.0 without a cost model) combines each
         layer-step's copies + GPU experts with its CPU experts as the ledger does (max when
         overlapped, else the sum), and adds the steps' layer sums one step at a time, in order."""
-        resident = torch.zeros(self.n_layers, self.n_experts, dtype=torch.bool)
-        resident[:, : min(self.capacity, self.n_experts)] = True
-        copy_s = self.cost.copy_time(1) if self.cost is not None else 0.0
-        missed, total = 0, 0.0
-        for b, loads in enumerate(self.loads):
-            for start in range(0, loads.shape[0], tau):
-                after = self.refresh(resident, b, start)
-                window = loads[start : start + tau]
-                missed += int((window * ~after).sum())
-                if self.cost is not None:
-                    io = torch.zeros(window.shape[0], self.n_layers, dtype=torch.float64)
-                    io[0] = (after & ~resident).sum(-1).double() * copy_s
-                    gpu = torch.where(after, self.gpu_s[b][start : start + tau], 0.0).sum(-1)
-                    cpu = torch.where(after, 0.0, self.cpu_s[b][start : start + tau]).sum(-1)
-                    layer = torch.maximum(io + gpu, cpu) if overlap else io + gpu + cpu
-                    for step_s in layer.sum(-1).tolist():
-                        total += step_s
-                resident = after
+        _, promoted, missed = self.windows.at(tau)
+        total = 0.0
+        if self.cost is not None:
+            io = promoted.double() * self.cost.copy_time(1)  # 0.0 where nothing was promoted
+            gpu = self.windows.layer_seconds(tau, self.gpu_table, on_gpu=True)
+            cpu = self.windows.layer_seconds(tau, self.cpu_table, on_gpu=False)
+            layer = torch.maximum(io + gpu, cpu) if overlap else io + gpu + cpu
+            for step_s in layer.sum(-1).tolist():
+                total += step_s
         return missed, self.routed_pairs, total / (len(self.loads) * self.n_layers)
 
 
@@ -196,26 +246,49 @@ def latency_curves(
     return lat_io, lat_cpu
 
 
+@dataclass
+class _Calibration:
+    """What tau* takes from a calibration trace besides the cost model, kept on the trace
+    (`RoutingTrace.memo`) so that another solve over it (another cost model) only charges."""
+
+    blocks: list[torch.Tensor]
+    drift: float
+    windows: RefreshWindows | None
+    routed_experts: int
+    pairs_total: int
+    rows: int  # (denoise step, MoE layer) pairs
+
+
+def _calibration(trace: RoutingTrace, capacity: int) -> _Calibration:
+    key = ("tide_calibration", capacity)
+    if key not in trace.memo:
+        blocks = denoise_blocks(trace)
+        if not blocks:
+            return _Calibration([], 0.0, None, 0, 0, 0)
+        all_loads = torch.cat(blocks).long()
+        trace.memo[key] = _Calibration(blocks, estimate_drift(blocks, capacity), RefreshWindows(blocks, capacity),
+                                       int((all_loads > 0).sum()), int(all_loads.sum()),
+                                       all_loads.shape[0] * all_loads.shape[1])
+    return trace.memo[key]
+
+
 def solve_tau(
     trace: RoutingTrace | None, capacity: int, cost: CostModel, steps_per_block: int | None = None,
     overlap: bool | None = None,
 ) -> TauSolution:
     """tau* for a system with `capacity` experts per layer; overlap None: the paper's
     objective Lat_IO + Lat_CPU; True/False: the charged objective (module docstring)."""
-    blocks = denoise_blocks(trace) if trace is not None else []
-    if not blocks:
+    if trace is None or not (calibration := _calibration(trace, capacity)).blocks:
         raise HarnessError("tide tau=auto needs a calibration trace with denoise steps; set system.tau=<int>")
+    blocks, d, windows = calibration.blocks, calibration.drift, calibration.windows
     steps = steps_per_block or max(block.shape[0] for block in blocks)
     if steps < 1:
         raise HarnessError(f"system.steps_per_block must be >= 1 (got {steps})")
-    all_loads = torch.cat(blocks).long()
-    routed_experts = int((all_loads > 0).sum())
-    pairs_total = int(all_loads.sum())
+    routed_experts, pairs_total, n_rows = calibration.routed_experts, calibration.pairs_total, calibration.rows
     mean_tokens = max(1, round(pairs_total / routed_experts)) if routed_experts else 1
     c_cu = cost.cpu_expert_time(mean_tokens) / mean_tokens
-    pairs = pairs_total / (all_loads.shape[0] * all_loads.shape[1])
-    d = estimate_drift(blocks, capacity)
-    replay = RefreshReplay(blocks, capacity, None if overlap is None else cost)
+    pairs = pairs_total / n_rows
+    replay = RefreshReplay(blocks, capacity, None if overlap is None else cost, windows)
     runs = [replay.run(tau, bool(overlap)) for tau in range(1, steps + 1)]
     f_curve = [missed / routed if routed else 0.0 for missed, routed, _ in runs]
     lat_io, lat_cpu = latency_curves(d, f_curve, capacity, steps, cost.copy_time(1), c_cu, pairs)

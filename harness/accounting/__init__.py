@@ -3,10 +3,12 @@ layer, the GPU topology, and the ledger that charges every layer's outcome on on
 timeline (docs/cost-model.md).
 
   cost.py           hardware profiles and the roofline latency model
-  profiling.py      measures this machine's CPU expert latency (hardware=local)
+  profiling.py      this machine measured for the cost model (hardware=local, hardware.file;
+                    python -m harness.profile writes a profile YAML)
   budget.py         GPU memory -> experts per layer (scope per_layer | global)
   topology.py       multi-GPU speed profiles and the expert-parallel layer cost
   ledger.py         counters, the forward timeline and the step series, charged in batches
+  breakdown.py      the modeled time per forward split by component, per phase and by window length
   clock.py          the forward clock the ledger charges (compiled)
   tallies.py        per-layer pairs, misses and experts per side (compiled)
   pipeline.py       Mixtral-Offload's pipelined misses: the layer time rule

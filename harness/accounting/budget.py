@@ -98,8 +98,10 @@ def _check_experts(cfg: BudgetConfig, n_experts: int) -> None:
 
 def resolve_budget(cfg: BudgetConfig, geometry: LLaDA2Config, model: str | None = None) -> Budget:
     """B for `model` (its geometry) under this budget, with the figures a run logs. A pinned
-    B applies only to the models `pinned_for` names (every model when it names none)."""
-    if cfg.experts_per_layer is not None and cfg.pinned_for and model not in cfg.pinned_for:
+    B applies only to the models `pinned_for` names (every model when it names none or when
+    the model is not named)."""
+    pinned_elsewhere = cfg.pinned_for and model is not None and model not in cfg.pinned_for
+    if cfg.experts_per_layer is not None and pinned_elsewhere:
         cfg = replace(cfg, experts_per_layer=None)
     _check_experts(cfg, geometry.num_experts)
     non_expert = geometry.non_expert_bytes(BYTES_PER_PARAM)

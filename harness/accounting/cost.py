@@ -49,6 +49,11 @@ from harness.common.errors import HarnessError
 from harness.model.config import LLaDA2Config
 
 BYTES_PER_PARAM = 2  # bf16 weights everywhere in the model
+# The profile's constants, each of which names its source in `sources` (docs/hardware-profiles.md)
+SOURCED_CONSTANTS = ("gpu_hbm_gbps", "gpu_bf16_tflops", "gpu_call_overhead_us", "pcie_gbps", "pcie_latency_us",
+                     "cpu_mem_gbps", "cpu_tflops", "cpu_call_overhead_us")
+# how a source starts: a vendor's datasheet, a published benchmark, this project's measurement, or an estimate
+SOURCE_KINDS = ("datasheet", "benchmark", "measured", "estimate")
 HOST_MEMORY = ("pinned", "pageable")
 # Kernel launches charged per component (eager PyTorch): qkv, QK-norm+rope, attention,
 # output projection; two RMSNorms; gate matmul + top-k; SwiGLU as one call; lm_head.
@@ -88,9 +93,31 @@ class HardwareConfig:
     # synchronous for the host, so a copy overlaps neither compute nor other work)
     host_memory: str = "pinned"
     pcie_pageable_gbps: float | None = None  # measured pageable host->device GB/s (bandwidthTest --memory=pageable)
+    # where each constant comes from: "<kind>: <what, with a URL or the command>", kind one of
+    # SOURCE_KINDS; the CPU table's source under "cpu_table_seconds" (conf/hardware, docs/hardware-profiles.md)
+    sources: dict[str, str] = field(default_factory=dict)
+    # a profile YAML written by `python -m harness.profile`: its fields replace this profile's
+    file: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def charged_constants(self) -> list[str]:
+        """The constants that charge runs: a measured CPU table replaces the CPU roofline."""
+        cpu_roofline = ("cpu_mem_gbps", "cpu_tflops", "cpu_call_overhead_us")
+        names = [c for c in SOURCED_CONSTANTS if not (self.cpu_table_tokens and c in cpu_roofline)]
+        names += ["cpu_table_seconds"] if self.cpu_table_tokens else []
+        names += ["pcie_pageable_gbps"] if self.host_memory == "pageable" else []
+        return names
+
+    def estimates(self) -> dict[str, str]:
+        """The charged constants whose source is an estimate (or missing), with that source."""
+        out = {}
+        for name in self.charged_constants():
+            source = self.sources.get(name, "")
+            if not source.startswith(SOURCE_KINDS[:3]):
+                out[name] = source or "no source given"
+        return out
 
     def validate(self) -> None:
         for key in ("gpu_hbm_gbps", "gpu_bf16_tflops", "pcie_gbps", "cpu_mem_gbps", "cpu_tflops"):
@@ -134,10 +161,17 @@ class NonExpertTime:
     per_moe_layer: float  # attention, norms, router, shared expert of one MoE layer
     head: float  # final norm and lm_head
     n_moe_layers: int
+    attention: float = 0.0  # attention with its projections and norms, one layer (dense or MoE): in the two above
+    n_layers: int = 0  # every layer (dense + MoE): how often `attention` is inside `total`
 
     @property
     def total(self) -> float:
         return self.before_moe + self.n_moe_layers * self.per_moe_layer + self.head
+
+    @property
+    def attention_total(self) -> float:
+        """The attention part of `total` (the cost breakdown's "attention" component)."""
+        return self.n_layers * self.attention
 
 
 def suffix_min(seconds: Sequence[float]) -> list[float]:
@@ -176,7 +210,8 @@ class CostModel:
         if hw.cpu_table_shape != expert_shape(geometry):
             raise HarnessError(
                 f"hardware.cpu_table_shape={hw.cpu_table_shape!r} was measured for another expert shape "
-                f"than this model's {expert_shape(geometry)}; re-profile with hardware=local"
+                f"than this model's {expert_shape(geometry)}; re-profile with hardware=local or "
+                "python -m harness.profile model=<this model>"
             )
         # timing noise must not make more tokens cheaper; it only ever adds time, so a row
         # above a later one is the noisy one (see suffix_min)
@@ -271,6 +306,8 @@ class CostModel:
             per_moe_layer=attention + router + shared,
             head=head,
             n_moe_layers=g.n_moe_layers,
+            attention=attention,
+            n_layers=g.first_k_dense_replace + g.n_moe_layers,
         )
 
     def non_expert_time(self, n_tokens: int, n_context: int) -> float:

@@ -36,7 +36,8 @@ and the forward's clock runs through its layers in the order they were recorded:
 A prefetch landing is named by the row (layer of this forward) that issued the copy and
 its position among that row's async copies: it lands at that row's link start + position
 x one copy. The modeled time splits exactly into non-expert + exposed copy waits + GPU
-experts + exposed CPU time.
+experts + exposed CPU time; `cost_rows` keeps that split per forward (with the attention
+part of the non-expert time, its tokens and context), harness/accounting/breakdown.py reports it.
 
 Bits: every float is computed op for op as a scalar loop over layers would compute it,
 vectorized over forwards only, and each counter adds its terms in forward-then-layer
@@ -51,7 +52,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.accounting.clock import forward_times
+from harness.accounting.breakdown import COST_COLUMNS
+from harness.accounting.clock import ForwardTimes, forward_times
 from harness.accounting.cost import CostModel, NonExpertTime
 from harness.accounting.ordered_sums import running_sum, table_row_sums
 from harness.accounting.pipeline import MissPipeline
@@ -113,6 +115,24 @@ class BatchPlanner(Protocol):
 
 
 
+def _cost_rows(sizes: list[tuple[int, int]], parts: list[NonExpertTime], gpu_s: np.ndarray,
+               times: ForwardTimes) -> np.ndarray:
+    """One row per forward in COST_COLUMNS order: tokens, context, attention, the rest of the
+    non-expert time, GPU experts, exposed copy waits (the link's drain at the forward's end
+    included), exposed CPU time."""
+    n = len(sizes)
+    non_expert = np.array([p.total for p in parts], np.float64)
+    attention = np.array([p.attention_total for p in parts], np.float64)
+    rows = np.empty((n, len(COST_COLUMNS)))
+    rows[:, 0:2] = np.array(sizes, np.float64).reshape(n, 2)
+    rows[:, 2] = attention
+    rows[:, 3] = non_expert - attention
+    rows[:, 4] = np.asarray(gpu_s, np.float64).reshape(n, -1).sum(1)
+    rows[:, 5] = times.copies_s.sum(1) + times.drain_s
+    rows[:, 6] = times.cpu_exposed_s.sum(1)
+    return rows
+
+
 class ExpertSeconds:
     """Per layer, the torch sum of one device's expert times in ascending id order, the
     times looked up in the cost model's table of its vector function (`time_table`)."""
@@ -149,6 +169,7 @@ class Ledger:
         self.gpu_seconds = ExpertSeconds(cost, "gpu")
         self.cpu_seconds = ExpertSeconds(cost, "cpu")
         self._breakdowns: dict[tuple[int, int], NonExpertTime] = {}
+        self._cost_rows: list[np.ndarray] = []  # per charged forward: COST_COLUMNS (the cost breakdown)
         # live forwards: rows written in place, charged together
         self._closed: list[_LiveForward] = []
         self._open: _LiveForward | None = None
@@ -290,6 +311,7 @@ class Ledger:
         c.busy_copies_s = running_sum(c.busy_copies_s, (n_sync + out.copies_async) * copy_one)
         if closed:
             self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
+            self._cost_rows.append(_cost_rows(sizes, parts, gpu_s, times))
 
     def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
         """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
@@ -318,6 +340,17 @@ class Ledger:
     def step_series(self) -> list[dict[str, Any]]:
         self.flush()
         return self._series
+
+    def cost_rows(self) -> np.ndarray:
+        """float [forwards, len(COST_COLUMNS)]: each charged forward's tokens, context and
+        modeled seconds split by component (harness/accounting/breakdown.py); its components add
+        up to the step's modeled_latency_s (to rounding: the clock adds them in another order)."""
+        self.flush()
+        if not self._cost_rows:
+            return np.zeros((0, len(COST_COLUMNS)))
+        if len(self._cost_rows) > 1:
+            self._cost_rows = [np.concatenate(self._cost_rows)]
+        return self._cost_rows[0]
 
     def figures(self) -> dict[str, Any]:
         """The run's accounts as a summary's figures: counters, I/O, modeled time, steps."""

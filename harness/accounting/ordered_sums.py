@@ -53,25 +53,40 @@ def _constant_sums(value: float, size: int) -> np.ndarray:
 def row_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Sums of consecutive runs of `values` (run i has lengths[i] entries), bit for bit as
     torch sums each run as a 1-D float64 tensor."""
-    if values.size and (values == values[0]).all():
-        return constant_row_sums(float(values[0]), lengths)
-    sums = np.zeros(len(lengths))
-    order = np.argsort(lengths, kind="stable")
-    ordered = lengths[order]
-    # every run, regrouped by length: one gather, then each length is a contiguous block
-    starts = np.cumsum(lengths) - lengths
-    index = np.repeat(starts[order] - (np.cumsum(ordered) - ordered), ordered) + np.arange(int(ordered.sum()))
-    grouped = values[index]
-    offset = 0
-    for group in np.split(order, np.flatnonzero(np.diff(ordered)) + 1):
-        k = int(lengths[group[0]]) if group.size else 0
-        step = max(1, TORCH_GRAIN // max(k, 1))  # blocks under the grain: no thread pool woken
-        for first in range(0, len(group) if k else 0, step):
-            rows = group[first : first + step]
-            block = grouped[offset : offset + len(rows) * k].reshape(len(rows), k)
-            sums[rows] = torch.from_numpy(block).sum(-1).numpy()
-            offset += len(rows) * k
-    return sums
+    return RowSums(lengths)(values)
+
+
+class RowSums:
+    """`row_sums` for one `lengths`, its grouping of the runs by length worked out once:
+    summing other values over the same runs (the sensitivity analysis re-charges the same
+    placements under many cost models) only gathers and sums."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+        order = np.argsort(lengths, kind="stable")
+        ordered = lengths[order]
+        # every run, regrouped by length: one gather, then each length is a contiguous block
+        starts = np.cumsum(lengths) - lengths
+        index = np.repeat(starts[order] - (np.cumsum(ordered) - ordered), ordered) + np.arange(int(ordered.sum()))
+        self.index = index.astype(np.int32) if len(index) < 2**31 else index  # kept: half the memory
+        self.groups = np.split(order, np.flatnonzero(np.diff(ordered)) + 1)
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        lengths = self.lengths
+        if values.size and (values == values[0]).all():
+            return constant_row_sums(float(values[0]), lengths)
+        sums = np.zeros(len(lengths))
+        grouped = values[self.index]
+        offset = 0
+        for group in self.groups:
+            k = int(lengths[group[0]]) if group.size else 0
+            step = max(1, TORCH_GRAIN // max(k, 1))  # blocks under the grain: no thread pool woken
+            for first in range(0, len(group) if k else 0, step):
+                rows = group[first : first + step]
+                block = grouped[offset : offset + len(rows) * k].reshape(len(rows), k)
+                sums[rows] = torch.from_numpy(block).sum(-1).numpy()
+                offset += len(rows) * k
+        return sums
 
 
 def table_row_sums(table: np.ndarray, loads: np.ndarray, mask: np.ndarray | Callable[[], np.ndarray],

@@ -20,11 +20,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from harness.accounting.cost import BYTES_PER_PARAM, HardwareConfig, expert_shape, suffix_min
 from harness.common.errors import HarnessError
@@ -195,27 +196,50 @@ def _measure_gpu(geometry: LLaDA2Config) -> dict[str, Any]:
     }
 
 
-def profile_local(geometry: LLaDA2Config, out_path: str | Path, reps: int = 5) -> dict[str, Any]:
+def _pageable_gbps(nbytes: int = 1 << 28) -> float:
+    """Host->device GB/s from pageable (ordinary) host memory: the driver stages it through a
+    pinned bounce buffer, synchronously for the host."""
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev.copy_(host)  # warm-up
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(3):
+        t = time.perf_counter()
+        dev.copy_(host)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
+def profile_local(geometry: LLaDA2Config, out_path: str | Path, reps: int = 5,
+                  tokens: Sequence[int] = PROFILE_TOKENS, command: str = "hardware=local on first use",
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Measure this machine for the expert shape of `geometry` and merge the result into
-    the JSON profile at `out_path` (one entry per expert shape). Takes seconds."""
+    the JSON profile at `out_path` (one entry per expert shape). Takes seconds. `command`
+    names what measured it (the profile's source); `extra`: more figures for the entry."""
     path = Path(out_path)
     profile = read_profile(path) or {"version": PROFILE_VERSION, "shapes": {}}
-    raw = _expert_latency(geometry, PROFILE_TOKENS, reps)
+    tokens = list(tokens)
+    raw = _expert_latency(geometry, tokens, reps)
     seconds = suffix_min(raw)
-    noisy = [n for n, r, m in zip(PROFILE_TOKENS, raw, seconds, strict=True) if r > 2 * m]
+    noisy = [n for n, r, m in zip(tokens, raw, seconds, strict=True) if r > 2 * m]
     if noisy:
         print(f"warning: hardware=local: the CPU expert call at {noisy} tokens took more than twice as long as "
               "with more tokens (other processes on the cores?); the profile keeps the faster figures. "
               "Profile on an idle machine for a trustworthy table", file=sys.stderr)
     entry: dict[str, Any] = {
-        "cpu_table_tokens": list(PROFILE_TOKENS),
+        "cpu_table_tokens": tokens,
         "cpu_table_seconds": seconds,
         "cpu_table_seconds_raw": raw,
         "cpu_threads": torch.get_num_threads(),
+        "command": command,
         "gpu": None,
+        **(extra or {}),
     }
     if torch.cuda.is_available():
         entry.update(_measure_gpu(geometry))
+        entry["gpu"]["pcie_pageable_gbps"] = _pageable_gbps()
     profile["shapes"][expert_shape(geometry)] = entry
     profile.update(
         host=platform.node(), cpu=platform.processor() or platform.machine(), torch=torch.__version__
@@ -241,6 +265,7 @@ def load_hardware(hw: HardwareConfig, geometry: LLaDA2Config) -> HardwareConfig:
     """The profile a run is charged with: `hw` itself for a static profile; for one
     with `profile_path` (hardware=local) the measured figures, profiling this machine
     first when the file (or this expert shape in it) is missing and profile_if_missing."""
+    hw = hardware_from_file(hw)
     if not hw.profile_path:
         return hw
     path = Path(hw.profile_path)
@@ -254,13 +279,38 @@ def load_hardware(hw: HardwareConfig, geometry: LLaDA2Config) -> HardwareConfig:
             )
         profile = profile_local(geometry, path)
     entry = profile["shapes"][shape]
+    where = f"measured on {profile.get('host', '?')} ({profile.get('cpu', '?')}, {entry.get('cpu_threads', '?')} " \
+            f"threads, torch {profile.get('torch', '?')}): {entry.get('command', 'hardware=local on first use')}"
     updates: dict[str, Any] = {
         "cpu_table_shape": shape,
         "cpu_table_tokens": [int(t) for t in entry["cpu_table_tokens"]],
         "cpu_table_seconds": [float(s) for s in entry["cpu_table_seconds"]],
         "measured": "cpu",
     }
+    sources = {**hw.sources, "cpu_table_seconds": where}
     if entry.get("gpu"):
         updates.update({k: float(v) for k, v in entry["gpu"].items()})
         updates["measured"] = "cpu,gpu,pcie"
+        sources.update({k: f"{where} on {entry.get('gpu_name', 'the GPU')}" for k in entry["gpu"]})
+    updates["sources"] = sources
     return HardwareConfig(**{**asdict(hw), **updates})  # checked again in __post_init__
+
+
+def hardware_from_file(hw: HardwareConfig) -> HardwareConfig:
+    """`hw.file` (a profile YAML, as `python -m harness.profile` writes) in place of `hw`;
+    `hw` itself when no file is named."""
+    if not hw.file:
+        return hw
+    path = Path(hw.file)
+    if not path.is_file():
+        raise HarnessError(f"hardware.file={path}: no such file; write one with python -m harness.profile out={path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise HarnessError(f"hardware.file={path} is not valid YAML ({' '.join(str(exc).split())[:120]})") from None
+    known = {f.name for f in fields(HardwareConfig)}
+    unknown = sorted(set(data or {}) - known) if isinstance(data, dict) else ["(not a mapping)"]
+    if unknown:
+        raise HarnessError(f"hardware.file={path} holds unknown keys {unknown}; it must hold HardwareConfig fields "
+                           "(write it with python -m harness.profile)")
+    return HardwareConfig(**{**data, "file": None})

@@ -157,23 +157,28 @@ def _cached_trace(path: Path) -> RoutingTrace | None:
         return None  # a damaged cache entry is recorded again, never trusted
 
 
-def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelLoader,
-                      backend: str = "cpu") -> RoutingTrace:
-    """The calibration routing, cached per backend: a device decodes in its own dtype with
-    its own kernels, so it routes (a little) differently from the host emulation."""
+def calibration_path(cfg: HarnessConfig, settings: DecodeSettings, backend: str = "cpu") -> Path:
+    """Where the cached calibration trace of this config lives (recorded or not)."""
     prompts = [str(p) for p in cfg.calibration.prompts]
     if not prompts:
         raise HarnessError(f"system={cfg.system.name} learns from a calibration trace but calibration.prompts "
                            "is empty; list prompts under calibration.prompts")
     key = artifact_key(cfg, settings, prompts)
     key = reference_key(key, backend)  # the cpu backend's key is the artifact key itself
-    path = Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
+    return Path(cfg.cache_dir) / "calibration" / f"{key}.npz"
+
+
+def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelLoader,
+                      backend: str = "cpu") -> RoutingTrace:
+    """The calibration routing, cached per backend: a device decodes in its own dtype with
+    its own kernels, so it routes (a little) differently from the host emulation."""
+    path = calibration_path(cfg, settings, backend)
     trace = _cached_trace(path)
     if trace is None:
         if settings.cache == "none":
             trace = derive_no_cache(calibration_trace(cfg, replace(settings, cache="prefix"), load, backend))
         else:
-            trace, _ = record_trace(load(), cfg, prompts, settings, "calibration")
+            trace, _ = record_trace(load(), cfg, [str(p) for p in cfg.calibration.prompts], settings, "calibration")
         trace.save(path)
     return trace
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from harness.common.errors import HarnessError
 from harness.decode.loading import LoadedModel, load_model, nominal_geometry
 from harness.decode.workload import load_prompts, workload_record
-from harness.job.artifacts import calibration_trace, workload_trace
+from harness.job.artifacts import calibration_path, calibration_trace, workload_trace
 from harness.job.config import HarnessConfig
 from harness.job.setup import build_result, setup_run
 from harness.model import LLaDA2Config
@@ -94,11 +94,13 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     if cfg.trace.path is not None:
         path = Path(cfg.trace.path)
         trace, calibration = explicit_traces(path, setup.needs_calibration)
+        calibration_file = path.parent / "calibration.npz" if calibration is not None else None
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         workload = workload_record(cfg.workload, prompts)
         trace, path = workload_trace(cfg, prompts, settings, model)
         calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
+        calibration_file = calibration_path(cfg, settings) if calibration is not None else None
     check_geometry(trace, setup.geometry, path, str(cfg.model.name))
     if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
         check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
@@ -121,7 +123,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording
     identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
                            checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
-                           trace_derived_from=str(derived) if derived else None)
+                           trace_derived_from=str(derived) if derived else None,
+                           calibration=str(calibration_file) if calibration_file is not None else None)
     result = build_result(cfg, setup, engine, counts, clock, identity)
     result.workload = workload
     return result  # run_job writes result.json

@@ -17,6 +17,7 @@ import numpy
 import torch
 
 import harness
+from harness.accounting.breakdown import cost_breakdown
 from harness.accounting.budget import Budget, resolve_budget
 from harness.accounting.cost import CostModel, HardwareConfig
 from harness.accounting.profiling import load_hardware
@@ -82,6 +83,8 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
     result = RunResult(identity=identity, config=cfg.as_dict(), budget=setup.budget.as_dict(), metrics=metrics,
                        system_report=setup.system.report(), timing=Timing("modeled", dict(clock)),
                        versions=versions(), step_series=step_series)
+    result.cost_breakdown = cost_breakdown(engine.ledger.cost_rows(), [s["kind"] for s in step_series])
+    result.hardware_estimates = setup.hardware.estimates()
     result.flat_metrics()  # a key reported twice is an error now, before anything is written
     return result
 

@@ -78,6 +78,31 @@ def check_implemented(raw: dict) -> None:
                            "always adds one, as LLaDA2.0-mini and -flash do")
 
 
+# The reference's config class (LLaDA2MoeConfig in the TIDE repo's model/configuration_llada2_moe.py)
+# fills a key config.json omits with its own class default, which for most keys is not
+# LLaDA2.0's value. Where the two agree, a missing key takes it; elsewhere a missing key is
+# refused: filling it with LLaDA2.0-mini's value would load a model the reference does not.
+REFERENCE_DEFAULTS: dict[str, object] = {
+    "vocab_size": 30592, "hidden_size": 1024, "intermediate_size": None, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 0, "rms_norm_eps": 1e-05, "max_position_embeddings": 16384,
+    "rope_theta": 10000.0, "num_experts": 16, "num_shared_experts": 0, "num_experts_per_tok": 2, "n_group": 8,
+    "topk_group": 4, "routed_scaling_factor": 2.5, "moe_intermediate_size": None, "first_k_dense_replace": 0,
+    "partial_rotary_factor": 0.5, "tie_word_embeddings": False,
+}
+
+
+def check_missing_keys(raw: dict) -> None:
+    """One line naming the first key config.json omits whose reference default is not
+    LLaDA2.0's (head_dim is derived as the reference derives it; the token ids come from
+    the tokenizer there)."""
+    defaults = {f.name: f.default for f in fields(LLaDA2Config)}
+    for key, reference in REFERENCE_DEFAULTS.items():
+        if key not in raw and reference != defaults[key]:
+            raise HarnessError(
+                f"config.json has no {key}: the reference's config class would take its default {reference!r}, "
+                f"not LLaDA2.0's {defaults[key]!r}; write {key} into config.json")
+
+
 @dataclass(frozen=True)
 class LLaDA2Config:
     vocab_size: int = 157184
@@ -118,6 +143,7 @@ class LLaDA2Config:
                 "only 'llada2_moe' checkpoints (LLaDA2.0-mini / -flash)"
             )
         check_implemented(raw)
+        check_missing_keys(raw)
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
         if kwargs.get("head_dim") is None and "hidden_size" in raw and "num_attention_heads" in raw:

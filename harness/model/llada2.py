@@ -158,8 +158,9 @@ def route(
     masked = biased.masked_fill(~expert_mask, float("-inf"))
     idx = masked.topk(top_k, dim=-1).indices
     w = scores.gather(1, idx)
-    w = w / (w.sum(-1, keepdim=True) + 1e-20) * scale
-    return idx, w
+    if top_k > 1:  # as the reference: a single routed expert keeps its raw gate score
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return idx, w * scale
 
 
 class MoE(nn.Module):

@@ -52,9 +52,12 @@ class RoutingTrace:
     _loads: list[torch.Tensor] = field(default_factory=list, repr=False)
     _hints: list[torch.Tensor | None] = field(default_factory=list, repr=False)
     _stacked: torch.Tensor | None = field(default=None, repr=False)  # `loads`, until the next change
+    # what others derive from the loads and keep with them (TIDE's refresh windows), until the next change
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def add_step(self, step: StepInfo, n_tokens: int = 0, n_context: int = 0) -> None:
         self._stacked = None
+        self.memo.clear()
         self.steps.append(step)
         self.n_tokens.append(n_tokens)
         self.n_context.append(n_context)
@@ -64,6 +67,7 @@ class RoutingTrace:
     def record(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> None:
         """Record one layer's load for the current (last added) step."""
         self._stacked = None
+        self.memo.clear()
         self._loads[-1][layer] = load.to(torch.int32)
         if hint is not None:
             if self._hints[-1] is None:

@@ -4,6 +4,8 @@
   keys.py      what tells runs apart: row keys, system column labels, same-key runs
   plots.py     the comparison figures (PNG, PDF, SVG)
   api.py       `harness.report(runs=..., out=...)`: the report as a Python call
+  breakdown.py where the modeled time goes: shares per run, per-window plots (gen 256 beside 1024)
+  notes.py     routing statistics of replayed traces, tau* curve flatness, decodes stopped at EOS
   __main__.py  `python -m harness.report`: runs tables.py's main
 
 The package itself is callable, so that `harness.report(...)` is the report while

@@ -40,7 +40,9 @@ from harness.common.keyvalue import as_flags, program_name
 from harness.common.paths import file_kind, probe_output_dir
 from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report import plots
+from harness.report.breakdown import breakdown_by_window, breakdown_markdown
 from harness.report.keys import Keyed, keyed_runs
+from harness.report.notes import early_stop_markdown, replay_routing_markdown, tau_flatness_markdown
 from harness.results.records import (
     RECORD_METRICS,
     _int,
@@ -305,12 +307,14 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
     for line in keyed.warnings:
         print(line, file=sys.stderr)
     wide = pivot(keyed)
-    text = paper_markdown(wide, experts_per_row(keyed)) + routing_markdown(records)
+    text = (paper_markdown(wide, experts_per_row(keyed)) + early_stop_markdown(records) + routing_markdown(records)
+            + replay_routing_markdown(records, [LABELS.get(k, k) for k in ROUTING_KEYS])
+            + tau_flatness_markdown(records) + breakdown_markdown(records))
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
     long_frame(keyed).to_csv(out / "report_long.csv", index=False)
-    return text, plots.all_figures(records, out)
+    return text, [*plots.all_figures(records, out), *breakdown_by_window(records, out)]
 
 
 ROUTING_KEYS = ["model", "weights", "decode_cache", "gen_length", "block_length"]

@@ -29,7 +29,8 @@ NOT_SETTING_KEYS = {"cache_dir", "show_text", "resume", "block", "backend", "tra
 SYSTEM_ORDER = [label for entry in REGISTRY.values() for label in entry.report_labels]
 
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
-                  "lossless", "token_match_rate", "experts_per_layer", "ttft_s", "tpot_s"]
+                  "lossless", "token_match_rate", "experts_per_layer", "generated_tokens", "prompts",
+                  "ttft_s", "tpot_s"]
 
 SWEEP_FILES = ("sweep_summary.csv", "sweep_summary.md", "throughput.png")
 
@@ -71,6 +72,9 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "hardware": ident.hardware, "weights": ident.weights,
         "step_series": result.step_series,
         "routing": result.routing,
+        "cost_breakdown": result.cost_breakdown,
+        "trace": ident.trace,  # a replay's trace file (routing statistics in the report)
+        "tau_curve": result.system_report.get("lat_curve"),  # TIDE's objective over tau = 1..T
         "system_name": ident.system or system.get("name"),
         "settings": run_settings(result),
         "system_options": {k: setting_text(v) for k, v in flatten(system).items() if k not in ("name", "overlap")},

@@ -29,7 +29,7 @@ from harness.traces.routing_stats import routing_metrics
 SCHEMA = 3  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
-OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from")  # written only when set
+OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from", "calibration")  # written only when set
 
 
 # numbers in `metrics` that the config, the budget and the model fix before the run starts:
@@ -67,6 +67,7 @@ class RunIdentity:
     trace: str | None = None  # replays: the trace file
     replay: str | None = None  # replays: how the trace was replayed
     trace_derived_from: str | None = None  # replays of a no-cache trace derived from a prefix-cached one
+    calibration: str | None = None  # replays: the calibration trace the system learned from
 
 
 @dataclass
@@ -104,6 +105,10 @@ class RunResult:
     run_dir: Path | None = field(default=None, compare=False, repr=False)  # where it lies; not written
     started_at: float | None = None  # unix time (s) the job started; older results: None
     finished_at: float | None = None  # unix time (s) its result was complete
+    # modeled time by component, per forward and per phase (harness/accounting/breakdown.py)
+    cost_breakdown: dict[str, Any] | None = None
+    # the hardware profile's constants whose source is an estimate, with that source (conf/hardware)
+    hardware_estimates: dict[str, str] | None = None
     schema: int = SCHEMA
 
     # ------------------------------------------------------------------ the flat metrics
@@ -144,6 +149,10 @@ class RunResult:
             out["routing"] = self.routing
         if self.started_at is not None:
             out.update(started_at=self.started_at, finished_at=self.finished_at)
+        if self.hardware_estimates is not None:
+            out["hardware_estimates"] = self.hardware_estimates
+        if self.cost_breakdown is not None:
+            out["cost_breakdown"] = self.cost_breakdown
         return out
 
     def save_json(self, path: str | Path) -> Path:
@@ -175,6 +184,8 @@ class RunResult:
                    decoded=decoded, workload=data.get("workload") if isinstance(data.get("workload"), dict) else None,
                    routing=dict(routing) if routing is not None else None,
                    started_at=_seconds(data.get("started_at")), finished_at=_seconds(data.get("finished_at")),
+                   cost_breakdown=_mapping(data.get("cost_breakdown")),
+                   hardware_estimates=_mapping(data.get("hardware_estimates")),
                    schema=int(data.get("schema", SCHEMA)))
 
     @classmethod
@@ -274,6 +285,10 @@ class RunResult:
         return {k: str(v) for k, v in tags.items() if v is not None}
 
 
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, Mapping) else None
+
+
 def routing_metrics_of(routing: Mapping[str, Any] | None) -> dict[str, float]:
     """The flat routing_* metrics of a routing section (none without one)."""
     if not routing:
@@ -309,7 +324,9 @@ def param_value(value: Any) -> str:
 
 def run_params(config: Mapping[str, Any]) -> dict[str, str]:
     """The flattened resolved config; where it is logged is not part of what ran."""
-    return {k: param_value(v) for k, v in flatten(config).items() if not k.startswith(("tracking.", "hydra."))}
+    # hardware.sources: long citations, one per constant; they are in the config.yaml artifact
+    return {k: param_value(v) for k, v in flatten(config).items()
+            if not k.startswith(("tracking.", "hydra.", "hardware.sources."))}
 
 
 def steps_text(m: dict[str, Any]) -> str:

@@ -27,7 +27,8 @@ from harness.results.run_result import SCHEMA, DecodedOutputs, RunIdentity, RunR
 PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "result-schema.md"
 
 # schema version -> the fingerprint of its fields (version 1 had no documented fields)
-SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "e133d63303fe82e2"}  # 3: autoregressive phases
+SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "64d03f7367f281af"}
+# 3: cost breakdown, estimates, calibration, autoregressive phases
 
 # (heading, dataclass or None, its table, what it describes)
 RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [

@@ -31,12 +31,17 @@ RESULT_FIELDS: dict[str, Entry] = {  # RunResult: result.json's sections (JSON k
     "run_dir": ("-", "not written: the directory a result was read from or written to (harness.run sets it)"),
     "started_at": ("s (unix time)", "when the job started (before the model or trace was loaded)"),
     "finished_at": ("s (unix time)", "when its result was complete (just before result.json was written)"),
+    "cost_breakdown": ("s (modeled)", "the modeled time per forward split into attention, other non-expert work, "
+                                      "GPU experts, exposed copies and exposed CPU experts; per phase and by window "
+                                      "length (harness/accounting/breakdown.py)"),
+    "hardware_estimates": ("-", "the hardware profile's constants whose source is an estimate, with that source "
+                                "(conf/hardware, docs/hardware-profiles.md)"),
     "schema": ("-", "the result schema's version (harness/results/run_result.py SCHEMA)"),
 }
 
 IDENTITY_FIELDS: dict[str, Entry] = {  # RunIdentity: top-level strings
     "system": ("-", "the placement system (systems/registry.py)"),
-    "model": ("-", "the model config: tiny | mini | flash"),
+    "model": ("-", "the model config: tiny | mini | flash | diffusiongemma | qwen3_moe | mixtral | olmoe"),
     "weights": ("-", "real | trained-proxy | random-proxy (results before trained proxies: proxy)"),
     "checkpoint": ("-", "the checkpoint directory loaded (a proxy's path in the cache)"),
     "source": ("-", "live (decoded with the model) | trace (replayed over a routing trace)"),
@@ -46,6 +51,7 @@ IDENTITY_FIELDS: dict[str, Entry] = {  # RunIdentity: top-level strings
     "trace": ("-", "replays: the trace file"),
     "replay": ("-", "replays: how the trace was replayed (batch | layer by layer)"),
     "trace_derived_from": ("-", "replays of a no-cache trace derived from a prefix-cached recording: that recording"),
+    "calibration": ("-", "replays: the calibration trace file the system learned from (null: none)"),
 }
 
 TIMING_FIELDS: dict[str, Entry] = {

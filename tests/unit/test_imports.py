@@ -178,6 +178,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.job",),  # one job (run) from its whole config: live, replay, artifacts, resume, logging
     ("harness.report",),  # tables and plots
     ("harness.cli",),  # the Hydra command: override checks, sweep callback
+    ("harness.sensitivity",),  # hardware constants scaled over a sweep's replays: rank flips
     ("harness",),  # the commands
 ]
 

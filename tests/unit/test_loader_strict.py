@@ -69,3 +69,35 @@ def test_a_missing_head_dim_takes_the_reference_default():
                       / "llada2_mini.json").read_text())
     raw["head_dim"] = None
     assert LLaDA2Config.from_dict(raw).head_dim == raw["hidden_size"] // raw["num_attention_heads"]
+
+
+def test_a_single_routed_expert_keeps_its_raw_gate_score_as_the_reference():
+    """The reference normalises the routed weights only when top_k > 1; with top_k = 1 the
+    weight is the sigmoid score times the scaling factor (normalising would make it 1 x scale)."""
+    from harness.model.llada2 import route
+
+    scores = torch.tensor([[0.2, 0.7, 0.1, 0.4]])
+    idx, w = route(scores, torch.zeros(4), top_k=1, n_group=1, topk_group=1, scale=2.5)
+    assert idx.tolist() == [[1]] and w.tolist() == [[float(torch.tensor(0.7) * 2.5)]]
+    idx, w = route(scores, torch.zeros(4), top_k=2, n_group=1, topk_group=1, scale=2.5)
+    assert idx.tolist() == [[1, 3]] and w[0].tolist() == pytest.approx([0.7 / 1.1 * 2.5, 0.4 / 1.1 * 2.5])
+
+
+@pytest.mark.parametrize("key", ["num_experts", "num_experts_per_tok", "vocab_size", "rope_theta",
+                                 "first_k_dense_replace", "max_position_embeddings"])
+def test_a_missing_key_whose_reference_default_differs_is_refused(key):
+    raw = json.loads((REPO / "harness" / "model" / "configs"
+                      / "llada2_mini.json").read_text())
+    del raw[key]
+    with pytest.raises(HarnessError, match=f"config.json has no {key}: the reference") as e:
+        LLaDA2Config.from_dict(raw)
+    assert "\n" not in str(e.value)
+
+
+def test_a_missing_key_whose_reference_default_agrees_takes_it():
+    raw = json.loads((REPO / "harness" / "model" / "configs"
+                      / "llada2_mini.json").read_text())
+    for key in ("n_group", "topk_group", "routed_scaling_factor", "partial_rotary_factor"):
+        raw.pop(key, None)
+    cfg = LLaDA2Config.from_dict(raw)
+    assert (cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor) == (8, 4, 2.5)

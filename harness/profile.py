@@ -1,0 +1,145 @@
+"""`python -m harness.profile`: measure this machine into a hardware profile a run accepts.
+
+    python -m harness.profile                       # mini's expert shape -> outputs/hardware/local.yaml
+    python -m harness.profile model=flash out=conf/hardware/mybox.yaml name=mybox
+    python -m harness source=trace hardware.file=outputs/hardware/local.yaml   # a run charged with it
+    python -m harness hardware=local                                            # the same table, via local.json
+
+What it measures (harness/accounting/profiling.py does the timing):
+  CPU expert latency of the model's nominal expert shape at tile boundaries (1, 2, 4, 8,
+  then multiples of 16 to 64, of 32 to 128, of 64 to max_tokens), the table the cost model
+  interpolates; a dense check of every token count from 1 to dense_max against that
+  interpolation (how far the charge is from a measurement between boundaries); host memory
+  bandwidth (a large copy); with CUDA the GPU expert latency, HBM bandwidth (fitted to the
+  GPU roofline) and pinned and pageable host->device copies.
+Writes: the YAML profile at `out` (every HardwareConfig field, each constant with its
+source: "measured on <host> ...: <this command>"; without CUDA the GPU and PCIe figures
+are a100_pcie4's, with their sources), its details beside it (`<out>.json`), and the
+entry `hardware=local` reads (`json`, default conf/hardware/local.yaml's profile_path).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from harness.accounting.cost import BYTES_PER_PARAM, CostModel, HardwareConfig, expert_shape
+from harness.accounting.profiling import _expert_latency, load_hardware, profile_local
+from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError, exit_with
+from harness.common.files import write_atomic, write_json_atomic
+from harness.decode.loading import nominal_geometry
+from harness.job.config import register_configs
+from harness.model.config import LLaDA2Config
+
+DEFAULTS = {"model": "mini", "out": "outputs/hardware/local.yaml", "name": "local", "max_tokens": "256",
+            "dense_max": "64", "reps": "5", "json": "outputs/cache/hardware/local.json"}
+MEMORY_BYTES = 1 << 28  # a copy far larger than any last-level cache
+
+
+def tile_tokens(max_tokens: int) -> list[int]:
+    """1, 2, 4, 8, multiples of 16 up to 64, of 32 up to 128, of 64 beyond, up to max_tokens."""
+    if max_tokens < 1:
+        raise HarnessError(f"max_tokens={max_tokens} must be at least 1")
+    grid = [1, 2, 4, 8, *range(16, 65, 16), *range(96, 129, 32), *range(192, max_tokens + 1, 64)]
+    return sorted({n for n in grid if n <= max_tokens} | {max_tokens})
+
+
+def host_memory_gbps(nbytes: int = MEMORY_BYTES, reps: int = 3) -> float:
+    """Host memory bandwidth (read + write) of a large copy, the fastest of `reps`."""
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(reps))
+    return 2 * nbytes / best / 1e9
+
+
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def dense_check(geometry: LLaDA2Config, hw: HardwareConfig, dense_max: int, reps: int) -> dict[str, Any]:
+    """Every token count 1..dense_max measured against the table's interpolation: the
+    relative error of the charge between tile boundaries."""
+    tokens = [n for n in range(1, dense_max + 1) if n not in hw.cpu_table_tokens]
+    if not tokens:
+        return {"tokens": [], "seconds": [], "max_rel_error": 0.0, "mean_rel_error": 0.0}
+    measured = _expert_latency(geometry, tokens, reps)
+    cost = CostModel(geometry, hw)
+    errors = [abs(cost.cpu_expert_time(n) - m) / m for n, m in zip(tokens, measured, strict=True)]
+    worst = max(range(len(errors)), key=errors.__getitem__)
+    return {"tokens": tokens, "seconds": measured, "rel_errors": errors, "max_rel_error": errors[worst],
+            "max_error_at_tokens": tokens[worst], "mean_rel_error": sum(errors) / len(errors)}
+
+
+def fitted_cpu_roofline(geometry: LLaDA2Config, tokens: list[int], seconds: list[float], mem_gbps: float
+                        ) -> dict[str, float]:
+    """The CPU roofline through the table's ends: the overhead is what one token takes
+    beyond streaming the weights, the throughput what the largest call needs beyond it."""
+    expert_bytes = geometry.expert_bytes(BYTES_PER_PARAM)
+    overhead = max(0.0, seconds[0] - expert_bytes / (mem_gbps * 1e9))
+    compute = max(seconds[-1] - overhead, 1e-12)
+    return {"cpu_mem_gbps": mem_gbps, "cpu_tflops": 2.0 * geometry.expert_params * tokens[-1] / compute / 1e12,
+            "cpu_call_overhead_us": overhead * 1e6}
+
+
+def parse(argv: list[str]) -> dict[str, str]:
+    options = dict(DEFAULTS)
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in DEFAULTS:
+            raise HarnessError(f"python -m harness.profile: unknown argument {arg!r}; use key=value with keys "
+                               f"{', '.join(DEFAULTS)}")
+        options[key] = value
+    return options
+
+
+def _int(options: dict[str, str], key: str) -> int:
+    try:
+        return int(options[key])
+    except ValueError:
+        raise HarnessError(f"{key}={options[key]!r} must be an integer") from None
+
+
+def main(argv: list[str]) -> int:
+    options = parse(argv)
+    register_configs()
+    cfg = compose_checked([f"model={options['model']}", "hardware=local", f"hardware.profile_path={options['json']}"])
+    geometry = nominal_geometry(cfg.model)
+    command = "python -m harness.profile " + " ".join(argv) if argv else "python -m harness.profile"
+    reps, tokens = _int(options, "reps"), tile_tokens(_int(options, "max_tokens"))
+    print(f"profiling expert shape {expert_shape(geometry)} (model={options['model']}) on {platform.node()} "
+          f"with {torch.get_num_threads()} threads: CPU table at {tokens} tokens", file=sys.stderr)
+    mem_gbps = host_memory_gbps()
+    profile = profile_local(geometry, options["json"], reps, tokens, command, {"host_memory_gbps": mem_gbps})
+    hw = load_hardware(cfg.hardware, geometry)  # the entry just written, as hardware=local reads it
+    dense = dense_check(geometry, hw, _int(options, "dense_max"), max(1, reps // 2))
+    fitted = fitted_cpu_roofline(geometry, hw.cpu_table_tokens, hw.cpu_table_seconds, mem_gbps)
+    where = hw.sources["cpu_table_seconds"]
+    sources = {**hw.sources, **{k: f"{where} (fitted to the CPU table's ends and the host copy bandwidth; "
+                                    "the table itself charges)" for k in fitted}}
+    out = HardwareConfig(**{**asdict(hw), **fitted, "name": options["name"], "profile_path": None,
+                            "profile_if_missing": False, "sources": sources, "file": None})
+    path = Path(options["out"])
+    write_atomic(path, lambda f: f.write(yaml.safe_dump(asdict(out), sort_keys=False, width=1000).encode()))
+    write_json_atomic(path.with_suffix(path.suffix + ".json"), {
+        "host": profile.get("host"), "cpu": profile.get("cpu"), "torch": torch.__version__,
+        "command": command, "host_memory_gbps": mem_gbps, "dense_check": dense,
+        "entry": profile["shapes"][expert_shape(geometry)]})
+    print(f"wrote {path} (and {path}.json); CPU table {len(tokens)} points, dense check 1..{options['dense_max']}: "
+          f"max error {100 * dense['max_rel_error']:.1f}% (mean {100 * dense['mean_rel_error']:.1f}%), "
+          f"host memory {mem_gbps:.1f} GB/s. Use it: python -m harness hardware.file={path} (or hardware=local)")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_with(main, sys.argv[1:])

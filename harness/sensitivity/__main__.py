@@ -1,0 +1,109 @@
+"""`python -m harness.sensitivity sweep=<sweep dir>`: how robust is a sweep's ranking to the
+hardware constants it was charged with? (docs/sensitivity.md)
+
+    python -m harness -m +experiment=table1                  # the sweep (replays)
+    python -m harness.sensitivity sweep=outputs/multirun/<time>
+    python -m harness.sensitivity sweep=... scales=0.25,4,9 constants=cpu_tflops,pcie_gbps out=DIR
+
+Options (key=value): sweep (required), out (default <sweep>/sensitivity), scales
+(low,high,points; default 0.25,4,5: 0.25, 0.5, 1, 2, 4, log-spaced, 1 always included), constants (default: all
+that charge the sweep's profile), references (default gpu_only,oracle), baselines (default
+fiddler,mixtral_offload), margin_move (0.10), tolerance (0.05: bisection to 5%), tracking
+(true: log under the sweep's MLflow parent run), shortcut (true: re-charge recorded
+outcomes where a system's decisions cannot have changed; false: replay everything), skip
+(default oracle: systems not replayed, listed with their 1x figure; the oracle re-solves its
+placement in every replay, seconds each; skip= replays it too).
+Replays only: nothing is decoded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from harness.common.errors import HarnessError, exit_with
+from harness.job.config import register_configs
+from harness.placement.trace import RoutingTrace
+from harness.sensitivity.analysis import Roles
+from harness.sensitivity.cells import CellResult, analyse_cell
+from harness.sensitivity.mlflow_log import log_to_parent
+from harness.sensitivity.output import write_outputs
+from harness.sensitivity.scaling import scale_grid
+from harness.sensitivity.sweep import load_sweep, replayer_for
+
+DEFAULTS = {"sweep": "", "out": "", "scales": "0.25,4,5", "constants": "", "references": "gpu_only,oracle",
+            "baselines": "fiddler,mixtral_offload", "margin_move": "0.10", "tolerance": "0.05", "tracking": "true",
+            "shortcut": "true", "skip": "oracle"}
+
+
+def parse(argv: list[str]) -> dict[str, str]:
+    options = dict(DEFAULTS)
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in DEFAULTS:
+            raise HarnessError(f"python -m harness.sensitivity: unknown argument {arg!r}; use key=value with keys "
+                               f"{', '.join(DEFAULTS)}")
+        options[key] = value
+    if not options["sweep"]:
+        raise HarnessError("python -m harness.sensitivity needs sweep=<sweep dir> (outputs/multirun/<time>)")
+    return options
+
+
+def _floats(text: str, key: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HarnessError(f"{key}={text!r} must be numbers separated by commas") from None
+
+
+def _flag(text: str, key: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise HarnessError(f"{key}={text!r} must be true or false")
+    return text.lower() == "true"
+
+
+def main(argv: list[str]) -> int:
+    options = parse(argv)
+    register_configs()
+    scales = _floats(options["scales"], "scales")
+    if len(scales) != 3:
+        raise HarnessError(f"scales={options['scales']!r} must be low,high,points (e.g. 0.25,4,9)")
+    factors = scale_grid(scales[0], scales[1], int(scales[2]))
+    roles = Roles(tuple(s for s in options["references"].split(",") if s),
+                  tuple(s for s in options["baselines"].split(",") if s))
+    constants = [c for c in options["constants"].split(",") if c] or None
+    margin_move, tolerance = _floats(options["margin_move"], "margin_move")[0], _floats(options["tolerance"],
+                                                                                      "tolerance")[0]
+    sweep = Path(options["sweep"])
+    out = Path(options["out"]) if options["out"] else sweep / "sensitivity"
+    command = "python -m harness.sensitivity " + " ".join(argv)
+    start = time.perf_counter()
+    cells: list[CellResult] = []
+    traces: dict[str, RoutingTrace] = {}
+    loads: dict[str, np.ndarray] = {}
+    skip = {s for s in options["skip"].split(",") if s}
+    for cell in load_sweep(sweep):
+        replayers = {label: replayer_for(job, traces, loads) for label, job in cell.jobs.items() if label not in skip}
+        for replayer in replayers.values():
+            replayer.shortcut = _flag(options["shortcut"], "shortcut")
+        recorded = {label: float(job.result.flat_metrics()["tokens_per_s"]) for label, job in cell.jobs.items()}
+        result = analyse_cell(cell.name, replayers, recorded, factors, roles, constants, margin_move, tolerance)
+        result.skipped = {label: v for label, v in recorded.items() if label not in replayers}
+        cells.append(result)
+        print(f"{result.name}: {result.replays} replays, {result.recharges} re-charges, {result.seconds:.1f} s",
+              file=sys.stderr)
+        traces.clear()  # a cell's trace is not shared with the next cell's
+        loads.clear()
+    files = write_outputs(cells, roles, out, command, factors)
+    print((out / "sensitivity.md").read_text())
+    if _flag(options["tracking"], "tracking"):
+        log_to_parent(sweep, cells, roles, files)
+    print(f"wrote {', '.join(str(f) for f in files)} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_with(main, sys.argv[1:])

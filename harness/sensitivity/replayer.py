@@ -1,0 +1,159 @@
+"""Modeled tokens/s of one job of a sweep under any hardware profile, by replaying its trace.
+
+A replay is the job's own: the same system, budget, trace and calibration, charged by a
+cost model built from the given profile. Nothing is decoded.
+
+Shortcut: some systems decide the same way whatever the cost model, or decide by a few
+numbers it yields (a *decision key*): gpu_only and mixtral_offload never ask it; fiddler
+asks only whether each load is cheaper on the CPU than copied; tide (tau fixed or random)
+never asks, and with tau=auto only through tau*. When a replay's key equals one already
+replayed, the placement outcomes recorded then are charged again by the new cost model
+(harness/sensitivity/recharge.py), which gives the replay's result without planning
+anything; a test holds the two to the same bits. Every other system is replayed in full each time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from harness.accounting.cost import CostModel, HardwareConfig
+from harness.accounting.ledger import LayerOutcomes, Ledger
+from harness.engine.engine import OffloadEngine
+from harness.model import LLaDA2Config
+from harness.placement.steps import StepInfo
+from harness.placement.system import System
+from harness.placement.trace import RoutingTrace
+from harness.sensitivity.recharge import PreparedOutcomes
+from harness.traces.batch_replay import replay_trace
+from systems.registry import system_from_config
+
+Charge = tuple[list[StepInfo], list[tuple[int, int]], LayerOutcomes]
+KeyFn = Callable[[System, CostModel, int], Hashable]
+KEPT_OUTCOMES = 2  # recorded outcomes a replayer keeps (by decision key; a gen-1024 replay's take ~0.3 GB)
+
+
+def _no_key(system: System, cost: CostModel, top: int) -> Hashable:
+    return ()
+
+
+def _fiddler_key(system: System, cost: CostModel, top: int) -> Hashable:
+    """Fiddler sends a miss with load n to the CPU iff cpu(n) <= copy + gpu(n)."""
+    n = top + 1
+    rule = cost.time_table("cpu", top)[:n] <= cost.copy_time(1) + cost.time_table("gpu", top)[:n]
+    return rule.tobytes()
+
+
+def _tide_key(system: System, cost: CostModel, top: int) -> Hashable:
+    return system.report().get("tau_star")  # None for a fixed or random tau: no cost involved
+
+
+DECISION_KEYS: dict[str, KeyFn] = {
+    "gpu_only": _no_key, "mixtral_offload": _no_key, "fiddler": _fiddler_key, "tide": _tide_key,
+}
+
+
+@dataclass
+class JobSpec:
+    """What a replay of one job needs."""
+
+    system_config: Any  # the system's config dataclass (HarnessConfig.system)
+    geometry: LLaDA2Config
+    experts_per_layer: int
+    budget_scope: str
+    hardware: HardwareConfig  # the profile the job was charged with (loaded)
+    trace: RoutingTrace
+    calibration: RoutingTrace | None
+    decode_steps: int
+    generated_tokens: int
+    loads: np.ndarray | None = None  # the trace's loads as int64 [F, L, E], shared by the jobs of a trace
+
+
+def trace_loads(trace: RoutingTrace) -> np.ndarray:
+    return trace.loads.numpy().astype(np.int64)
+
+
+class JobReplayer:
+    """tokens/s of one job under a profile; remembers outcomes by decision key."""
+
+    def __init__(self, spec: JobSpec, shortcut: bool = True) -> None:
+        self.spec = spec
+        self.shortcut = shortcut
+        if spec.loads is None:
+            spec.loads = trace_loads(spec.trace)
+        self.top = int(spec.loads.max()) if spec.loads.size else 0
+        self._recorded: dict[Hashable, PreparedOutcomes] = {}
+        self._busy: dict[str, float] | None = None  # CPU and link use at the job's own profile
+        self.replays = self.recharges = 0
+
+    def tokens_per_s(self, hw: HardwareConfig) -> float:
+        modeled = self.modeled_seconds(hw)
+        return self.spec.generated_tokens / modeled if modeled > 0 else 0.0
+
+    def modeled_seconds(self, hw: HardwareConfig) -> float:
+        spec = self.spec
+        cost = CostModel(spec.geometry, hw)
+        system = system_from_config(spec.system_config)
+        engine = OffloadEngine(system, spec.geometry, spec.experts_per_layer, cost, budget_scope=spec.budget_scope)
+        engine.prepare(spec.calibration if system.needs_calibration else None, spec.decode_steps)
+        key_fn = DECISION_KEYS.get(system.name) if self.shortcut and not engine.topology.multi else None
+        key = key_fn(system, cost, self.top) if key_fn is not None else None
+        if key_fn is not None and key in self._recorded:
+            self.recharges += 1
+            return self._recorded[key].modeled_seconds(cost)
+        charges: list[Charge] = []
+        if key_fn is not None:
+            _record_charges(engine.ledger, charges, spec.loads)
+        replay_trace(engine, spec.trace)
+        self.replays += 1
+        figures = engine.ledger.figures()
+        if key_fn is not None:
+            ledger = engine.ledger
+            while len(self._recorded) >= KEPT_OUTCOMES:  # the oldest goes: outcomes of a long trace take GBs
+                self._recorded.pop(next(iter(self._recorded)))
+            self._recorded[key] = PreparedOutcomes(charges, ledger.n_layers, ledger.overlap, ledger.pipeline_slots,
+                                                   spec.loads)
+        if self._busy is None and hw == spec.hardware:
+            self._busy = {"cpu": figures["busy_cpu_experts_s"], "link": figures["busy_copies_s"]}
+        return figures["modeled_time_s"]
+
+    def never_uses(self, part: str) -> bool:
+        """Whether the job, as it decided at its own profile, never used the CPU ("cpu") or
+        the link ("link"), and decides without the cost model, so that constants of that
+        part cannot change its time."""
+        if self._busy is None:
+            self.modeled_seconds(self.spec.hardware)
+        assert self._busy is not None
+        name = self.spec.system_config.name
+        return DECISION_KEYS.get(name) is _no_key and part in self._busy and self._busy[part] == 0.0
+
+
+def _record_charges(ledger: Ledger, charges: list[Charge], loads: np.ndarray) -> None:
+    """Keep a copy of every batch of forwards the ledger charges (a live chunk's arrays are
+    views of buffers the ledger reuses); their loads are the trace's, kept once: a view of
+    `loads` at the batch's forwards (a replay charges its forwards in order)."""
+    charge = ledger.charge
+    first = [0]
+
+    def recording(steps: list[StepInfo], sizes: list[tuple[int, int]], out: LayerOutcomes,
+                  closed: bool = True) -> None:
+        charge(steps, sizes, out, closed)
+        if not closed:  # a look at an open forward's counters (counters_now), undone after it
+            return
+        n, m = out.loads.shape[:2]
+        view = loads[first[0] : first[0] + n, :m]
+        if view.shape != out.loads.shape:
+            raise RuntimeError("a replay charged forwards out of order; the re-charge cannot share the trace's loads")
+        masks = {f.name: _copy(getattr(out, f.name)) for f in fields(LayerOutcomes) if f.name != "loads"}
+        kept = LayerOutcomes(loads=view, **masks)
+        first[0] += n
+        charges.append((list(steps), list(sizes), kept))
+
+    ledger.charge = recording  # type: ignore[method-assign]
+
+
+def _copy(value: Any) -> Any:
+    return np.array(value, copy=True) if isinstance(value, np.ndarray) else value

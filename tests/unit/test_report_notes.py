@@ -1,0 +1,41 @@
+"""The report's notes (harness/report/notes.py): routing statistics of replayed traces, the
+flatness of TIDE's tau curve, and decodes that stopped early at EOS, on hand-made records."""
+
+from __future__ import annotations
+
+from harness.placement.trace import RoutingTrace
+from harness.report.notes import early_stop_markdown, replay_routing, tau_flatness_markdown
+from harness.traces.routing_stats import routing_statistics
+from tests.conftest import REPO
+
+GOLDEN_TRACE = REPO / "tests" / "golden" / "mini" / "trace.npz"
+
+
+def record(**fields):
+    base = {"model": "mini", "weights": "random-proxy", "decode_cache": "none", "gen_length": 256, "block_length": 32,
+            "budget": "10GB", "system": "tide", "order": 0.0, "routing": None}
+    return {**base, **fields}
+
+
+def test_the_tau_curve_spread_is_max_over_min_minus_one():
+    text = tau_flatness_markdown([record(tau_curve=[1.2, 1.0, 1.1, 1.05], tau_star=2.0)])
+    assert "| 256-10GB | tide | 2 | 1 / 1.2 | 20.0% | 1.200x |" in text
+    assert tau_flatness_markdown([record()]) == ""
+
+
+def test_a_decode_short_of_prompts_times_gen_length_is_flagged():
+    text = early_stop_markdown([record(generated_tokens=1324.0, prompts=8.0, system="fiddler"),
+                                record(generated_tokens=2048.0, prompts=8.0)])
+    assert "fiddler: decoded 1324 of 2048 tokens (stopped at EOS)" in text
+    assert "tide:" not in text
+    assert early_stop_markdown([record(generated_tokens=2048.0, prompts=8.0)]) == ""
+
+
+def test_replays_get_the_routing_statistics_of_their_trace_once_per_trace_and_b():
+    records = [record(trace=str(GOLDEN_TRACE), experts=64, system=s) for s in ("tide", "fiddler")]
+    records.append(record(trace=str(GOLDEN_TRACE), experts=64, routing={"B": 64}))  # a live run's own: skipped
+    rows = replay_routing(records)
+    key = ("mini", "random-proxy", "none", 256, 32, 64)
+    assert list(rows) == [key]
+    assert rows[key] == routing_statistics(RoutingTrace.load(GOLDEN_TRACE), 64)
+    assert replay_routing([record(trace="/no/such/trace.npz", experts=64)]) == {}
