@@ -54,6 +54,7 @@ import numpy as np
 from harness.accounting.clock import forward_times
 from harness.accounting.cost import CostModel, NonExpertTime
 from harness.accounting.ordered_sums import running_sum, table_row_sums
+from harness.accounting.phases import ForwardFigures, PhaseTallies, busy_shares, hit_rate, phase_measures
 from harness.accounting.pipeline import MissPipeline
 from harness.accounting.tallies import LayerTallies, layer_tallies
 from harness.placement.steps import StepInfo
@@ -154,6 +155,14 @@ class Ledger:
         self._open: _LiveForward | None = None
         self._rows = n_layers
         self._alloc(LIVE_CHUNK + 1, n_layers)
+        self.phases: PhaseTallies | None = None  # per-kind accounts, kept for DALI's measures only
+
+    def track_phases(self) -> None:
+        """Keep per-phase accounts from now on (harness/accounting/phases.py); call before
+        the first forward."""
+        if self.forwards:
+            raise RuntimeError("track_phases after forwards were recorded")
+        self.phases = PhaseTallies()
 
     def _alloc(self, forwards: int, rows: int) -> None:
         self._loads = np.zeros((forwards, rows, self.n_experts), np.int64)
@@ -290,6 +299,10 @@ class Ledger:
         c.busy_copies_s = running_sum(c.busy_copies_s, (n_sync + out.copies_async) * copy_one)
         if closed:
             self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
+            if self.phases is not None:
+                self.phases.add(ForwardFigures(
+                    [step.kind for step in steps], times.total_s, gpu_s, cpu_s, np.array([p.total for p in parts]),
+                    (tally.n_gpu + tally.n_cpu).sum(-1), np.count_nonzero(out.missed, axis=(1, 2))))
 
     def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
         """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
@@ -318,6 +331,17 @@ class Ledger:
     def step_series(self) -> list[dict[str, Any]]:
         self.flush()
         return self._series
+
+    def measures(self) -> dict[str, float]:
+        """DALI's busy shares and expert hit rate, for the run and per phase (empty unless
+        `track_phases` was called; harness/accounting/phases.py)."""
+        if self.phases is None:
+            return {}
+        c = self.counters_now()
+        self.flush()
+        modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
+        return {**busy_shares(c.time_gpu_experts_s, c.busy_cpu_experts_s, c.time_non_expert_s, modeled),
+                **hit_rate(*self.phases.routed_and_missed()), **phase_measures(self.phases)}
 
     def figures(self) -> dict[str, Any]:
         """The run's accounts as a summary's figures: counters, I/O, modeled time, steps."""

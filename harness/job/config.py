@@ -71,6 +71,9 @@ class HarnessConfig:
     resume: bool = False  # skip jobs whose result exists for the same config hash (harness/job/resume.py)
     backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
     timing: TimingConfig = field(default_factory=TimingConfig)  # measured runs: warm-up and repeats
+    # DALI's measures (busy shares, predictors, cache replays; harness/job/measures.py):
+    # null = the transformers families only, true = every offloading run, false = none
+    measures: bool | None = None
 
     def __post_init__(self) -> None:
         """The checks that span parts (each part checked its own values when it was built)."""

@@ -122,6 +122,6 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
                            checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
                            trace_derived_from=str(derived) if derived else None)
-    result = build_result(cfg, setup, engine, counts, clock, identity)
+    result = build_result(cfg, setup, engine, counts, clock, identity, trace)
     result.workload = workload
     return result  # run_job writes result.json

@@ -86,6 +86,10 @@ class RoutingTrace:
         h = self._hints[step]
         return None if h is None else h[layer]
 
+    def step_hints(self, step: int) -> torch.Tensor | None:
+        """A forward's hints [L, E] (row l predicts layer l+1), or None if it recorded none."""
+        return self._hints[step]
+
     def __len__(self) -> int:
         return len(self.steps)
 
