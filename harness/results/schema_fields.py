@@ -226,7 +226,27 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "slowest_gpu_speed": ("relative speed", "system report: ep_linear", "the slowest GPU's speed in the topology"),
 }
 
+_MEASURES = "DALI's measures (harness/job/measures.py; measures=null: transformers families)"
+_PHASE = r"(_(prefill|decode|denoise|commit))?"  # no suffix: the whole run; else one phase (forward kind)
+
 METRIC_PATTERNS: dict[str, tuple[str, str, str]] = {  # regular expression: (unit, section, meaning)
+    rf"gpu_busy_share{_PHASE}": (
+        "fraction", _MEASURES, "(GPU expert + non-expert seconds) / modeled seconds, of the run or of one phase "
+                               "(harness/accounting/phases.py)"),
+    rf"cpu_busy_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds (busy, overlapped or not) / modeled "
+                                                        "seconds"),
+    rf"cpu_expert_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds / (CPU + GPU expert seconds): the "
+                                                          "expert work's CPU/GPU split"),
+    rf"expert_hit_rate{_PHASE}": ("fraction", _MEASURES, "routed (layer, expert) pairs resident when the layer "
+                                                         "started / routed pairs (each expert once per layer and "
+                                                         "forward)"),
+    rf"prefetch_(precision|recall)_(residual|token_count){_PHASE}": (
+        "fraction", _MEASURES, "of top_k experts named for layer l+1 by the residual hint or by earlier token "
+                               "counts: named ones used / named (precision), / used (recall) "
+                               "(harness/traces/dali_measures.py)"),
+    rf"cache_hit_rate_(workload|lru|lfu){_PHASE}": (
+        "fraction", _MEASURES, "a B-expert cache per layer replayed over the run's trace with DALI's workload "
+                               "replacement, LRU or LFU: demanded experts found cached / demanded"),
     r"routing_(uniform_)?(distinct_experts_per_layer_step|top_b_share|unused_experts_per_layer|popularity_cv|"
     r"cross_prompt_popularity_corr|tokens_per_denoise_step|top_b_share_step|load_entropy|cosine_k\d+)": (
         "see harness/traces/routing_stats.py", "routing (trace.record=true)",
