@@ -41,6 +41,7 @@ from harness.common.paths import file_kind, probe_output_dir
 from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report import plots
 from harness.report.keys import Keyed, keyed_runs
+from harness.report.measures import measures_markdown
 from harness.results.records import (
     RECORD_METRICS,
     _int,
@@ -305,7 +306,7 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
     for line in keyed.warnings:
         print(line, file=sys.stderr)
     wide = pivot(keyed)
-    text = paper_markdown(wide, experts_per_row(keyed)) + routing_markdown(records)
+    text = paper_markdown(wide, experts_per_row(keyed)) + measures_markdown(records) + routing_markdown(records)
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
