@@ -147,7 +147,8 @@ def test_the_replay_of_every_layer_at_once_is_the_one_miss_at_a_time_rule(rule: 
     loads = rng.integers(0, 5, (30, 4, n_experts)) * (rng.random((30, 4, n_experts)) < rng.uniform(0.1, 0.9))
     capacity = int(rng.integers(0, n_experts + 2))
     decay = float(rng.choice([0.0, 0.5, 0.9]))
-    assert replay_cache(loads, capacity, rule, decay).tolist() == replay_reference(loads, capacity, rule, decay).tolist()
+    got = replay_cache(loads, capacity, rule, decay)
+    assert got.tolist() == replay_reference(loads, capacity, rule, decay).tolist()
 
 
 def test_cache_measures_per_phase() -> None:
