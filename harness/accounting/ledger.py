@@ -296,13 +296,14 @@ class Ledger:
         c.time_cpu_experts_s = running_sum(c.time_cpu_experts_s, times.cpu_exposed_s)
         c.time_copies_s = running_sum(c.time_copies_s, waits)
         c.busy_cpu_experts_s = running_sum(c.busy_cpu_experts_s, cpu_s)
-        c.busy_copies_s = running_sum(c.busy_copies_s, (n_sync + out.copies_async) * copy_one)
+        copies_busy_s = (n_sync + out.copies_async) * copy_one
+        c.busy_copies_s = running_sum(c.busy_copies_s, copies_busy_s)
         if closed:
             self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
             if self.phases is not None:
                 self.phases.add(ForwardFigures(
                     [step.kind for step in steps], times.total_s, gpu_s, cpu_s, np.array([p.total for p in parts]),
-                    (tally.n_gpu + tally.n_cpu).sum(-1), np.count_nonzero(out.missed, axis=(1, 2))))
+                    copies_busy_s, (tally.n_gpu + tally.n_cpu).sum(-1), np.count_nonzero(out.missed, axis=(1, 2))))
 
     def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
         """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
@@ -340,7 +341,8 @@ class Ledger:
         c = self.counters_now()
         self.flush()
         modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
-        return {**busy_shares(c.time_gpu_experts_s, c.busy_cpu_experts_s, c.time_non_expert_s, modeled),
+        return {**busy_shares(c.time_gpu_experts_s, c.busy_cpu_experts_s, c.time_non_expert_s, c.busy_copies_s,
+                              modeled),
                 **hit_rate(*self.phases.routed_and_missed()), **phase_measures(self.phases)}
 
     def figures(self) -> dict[str, Any]:

@@ -9,9 +9,12 @@ Per phase and for the whole run:
                     the modeled time the GPU computes (attention, dense and shared parts run
                     on the GPU; copies are the link's, not the GPU's)
   cpu_busy_share    CPU expert seconds (busy, overlapped or not) / modeled seconds
-  cpu_expert_share  CPU expert seconds / (CPU + GPU expert seconds): how the expert work is
-                    split between the two sides (DALI's "CPU/GPU busy shares", which add up
-                    to 100%)
+  cpu_expert_share  CPU expert seconds / (CPU + GPU expert seconds): how the expert compute
+                    is split between the two devices
+  cpu_side_share    CPU expert seconds / (CPU expert + GPU expert + copy seconds): the split
+                    DALI's assignment balances, whose GPU side carries the copies of the
+                    experts it computes there (its Phi); DALI's "CPU/GPU busy shares" add
+                    up to 100% this way
   expert_hit_rate   routed (layer, expert) pairs of a forward resident on the GPU when the
                     layer started / routed ones (each expert counted once per layer and
                     forward, whatever its tokens; miss_rate weighs by tokens)
@@ -36,6 +39,7 @@ class PhaseTally:
     gpu_experts_s: float = 0.0
     cpu_experts_busy_s: float = 0.0
     non_expert_s: float = 0.0
+    copies_busy_s: float = 0.0
     routed_experts: int = 0
     missed_experts: int = 0
 
@@ -50,6 +54,7 @@ class ForwardFigures:
     gpu_s: np.ndarray
     cpu_s: np.ndarray
     non_expert_s: np.ndarray
+    copies_s: np.ndarray  # [n, m] the link's busy seconds per recorded layer
     routed_experts: np.ndarray
     missed_experts: np.ndarray
 
@@ -70,6 +75,7 @@ class PhaseTallies:
             t.gpu_experts_s = running_sum(t.gpu_experts_s, figures.gpu_s[rows])
             t.cpu_experts_busy_s = running_sum(t.cpu_experts_busy_s, figures.cpu_s[rows])
             t.non_expert_s = running_sum(t.non_expert_s, figures.non_expert_s[rows])
+            t.copies_busy_s = running_sum(t.copies_busy_s, figures.copies_s[rows])
             t.routed_experts += int(figures.routed_experts[rows].sum())
             t.missed_experts += int(figures.missed_experts[rows].sum())
 
@@ -79,14 +85,18 @@ class PhaseTallies:
                 sum(t.missed_experts for t in self.by_kind.values()))
 
 
-def busy_shares(gpu_experts_s: float, cpu_busy_s: float, non_expert_s: float, modeled_s: float) -> dict[str, float]:
-    """gpu_busy_share, cpu_busy_share, cpu_expert_share (NaN-free: a zero denominator omits the figure)."""
+def busy_shares(gpu_experts_s: float, cpu_busy_s: float, non_expert_s: float, copies_s: float,
+                modeled_s: float) -> dict[str, float]:
+    """gpu_busy_share, cpu_busy_share, cpu_expert_share, cpu_side_share (a zero
+    denominator omits the figure: no NaN)."""
     out = {}
     if modeled_s > 0:
         out["gpu_busy_share"] = (gpu_experts_s + non_expert_s) / modeled_s
         out["cpu_busy_share"] = cpu_busy_s / modeled_s
     if gpu_experts_s + cpu_busy_s > 0:
         out["cpu_expert_share"] = cpu_busy_s / (gpu_experts_s + cpu_busy_s)
+    if gpu_experts_s + cpu_busy_s + copies_s > 0:
+        out["cpu_side_share"] = cpu_busy_s / (cpu_busy_s + gpu_experts_s + copies_s)
     return out
 
 
@@ -98,7 +108,8 @@ def phase_measures(tallies: PhaseTallies) -> dict[str, float]:
     """The busy shares and hit rate of each phase, suffixed with its kind."""
     out: dict[str, float] = {}
     for kind, t in tallies.by_kind.items():
-        figures = {**busy_shares(t.gpu_experts_s, t.cpu_experts_busy_s, t.non_expert_s, t.modeled_s),
+        figures = {**busy_shares(t.gpu_experts_s, t.cpu_experts_busy_s, t.non_expert_s, t.copies_busy_s,
+                                 t.modeled_s),
                    **hit_rate(t.routed_experts, t.missed_experts)}
         out.update({f"{name}_{kind}": value for name, value in figures.items()})
     return out

@@ -14,7 +14,8 @@ from harness.report.keys import key_label, keyed_runs
 from harness.results.records import system_order
 
 PHASES = ("prefill", "decode")
-SYSTEM_FIGURES = [("cpu_expert_share", "CPU share of expert work"), ("gpu_busy_share", "GPU busy"),
+SYSTEM_FIGURES = [("cpu_side_share", "CPU side (GPU side with copies)"),
+                  ("cpu_expert_share", "CPU share of expert compute"), ("gpu_busy_share", "GPU busy"),
                   ("cpu_busy_share", "CPU busy"), ("expert_hit_rate", "expert hit rate")]
 TRACE_FIGURES = [("prefetch_recall_residual", "residual recall"),
                  ("prefetch_precision_residual", "residual precision"),

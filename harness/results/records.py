@@ -33,8 +33,8 @@ RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cp
 
 # DALI's measures (harness/job/measures.py): every metric that starts with one of these,
 # for the run or one phase; a record keeps them apart (`measures`) for the report's section
-MEASURE_PREFIXES = ("gpu_busy_share", "cpu_busy_share", "cpu_expert_share", "expert_hit_rate", "prefetch_precision_",
-                    "prefetch_recall_", "cache_hit_rate_")
+MEASURE_PREFIXES = ("gpu_busy_share", "cpu_busy_share", "cpu_expert_share", "cpu_side_share", "expert_hit_rate",
+                    "prefetch_precision_", "prefetch_recall_", "cache_hit_rate_")
 
 SWEEP_FILES = ("sweep_summary.csv", "sweep_summary.md", "throughput.png")
 

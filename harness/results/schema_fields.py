@@ -236,7 +236,9 @@ METRIC_PATTERNS: dict[str, tuple[str, str, str]] = {  # regular expression: (uni
     rf"cpu_busy_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds (busy, overlapped or not) / modeled "
                                                         "seconds"),
     rf"cpu_expert_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds / (CPU + GPU expert seconds): the "
-                                                          "expert work's CPU/GPU split"),
+                                                          "expert compute's CPU/GPU split"),
+    rf"cpu_side_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds / (CPU expert + GPU expert + copy "
+                                                        "seconds): the split DALI balances (copies on the GPU side)"),
     rf"expert_hit_rate{_PHASE}": ("fraction", _MEASURES, "routed (layer, expert) pairs resident when the layer "
                                                          "started / routed pairs (each expert once per layer and "
                                                          "forward)"),

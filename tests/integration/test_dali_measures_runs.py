@@ -19,8 +19,9 @@ from harness.results.schema import metric_entry
 
 register_configs()
 SMALL = ["decode.gen_length=8", "limit_prompts=2", "tracking.enabled=false", "budget=custom"]
-MEASURE = re.compile(r"(gpu_busy_share|cpu_busy_share|cpu_expert_share|expert_hit_rate|prefetch_(precision|recall)_"
-                     r"(residual|token_count)|cache_hit_rate_(workload|lru|lfu))(_(prefill|decode|denoise|commit))?")
+MEASURE = re.compile(r"(gpu_busy_share|cpu_busy_share|cpu_expert_share|cpu_side_share|expert_hit_rate|"
+                     r"prefetch_(precision|recall)_(residual|token_count)|cache_hit_rate_(workload|lru|lfu))"
+                     r"(_(prefill|decode|denoise|commit))?")
 
 
 def run(overrides: list[str], cache: Path, run_dir: Path) -> RunResult:
@@ -35,7 +36,7 @@ def test_a_family_run_reports_every_measure_per_phase_in_result_and_mlflow(proxy
                                                                           tmp_path: Path) -> None:
     result = run(["model=olmoe", "system=dali", "budget.gpu_gb=4"], proxy_cache, tmp_path)
     got = measures(result)
-    bases = ["gpu_busy_share", "cpu_busy_share", "cpu_expert_share", "expert_hit_rate",
+    bases = ["gpu_busy_share", "cpu_busy_share", "cpu_expert_share", "cpu_side_share", "expert_hit_rate",
              "prefetch_precision_residual", "prefetch_recall_residual", "prefetch_precision_token_count",
              "prefetch_recall_token_count", "cache_hit_rate_workload", "cache_hit_rate_lru", "cache_hit_rate_lfu"]
     for base in bases:

@@ -216,6 +216,8 @@ def test_busy_shares_and_hit_rate_per_phase() -> None:
     assert got["cpu_busy_share"] == c.busy_cpu_experts_s / modeled
     assert got["gpu_busy_share"] == (c.time_gpu_experts_s + c.time_non_expert_s) / modeled
     assert got["cpu_expert_share"] == c.busy_cpu_experts_s / (c.busy_cpu_experts_s + c.time_gpu_experts_s)
+    assert got["cpu_side_share"] == c.busy_cpu_experts_s / (c.busy_cpu_experts_s + c.time_gpu_experts_s
+                                                            + c.busy_copies_s)
     assert got["cpu_expert_share_decode"] == pytest.approx(
         cost.cpu_expert_time(1) / (cost.cpu_expert_time(1) + cost.gpu_expert_time(1)))
     assert 0 < got["gpu_busy_share_prefill"] <= 1 and 0 < got["cpu_busy_share_prefill"] <= 1
