@@ -84,6 +84,9 @@ class HarnessConfig:
             "(one JSON object with a 'prompt' per line) or list workload.prompts",
         )
         require(self.source in SOURCES, f"source={self.source!r} is not allowed; use live or trace")
+        require(w.batch == 1 or self.source == "trace",
+                f"workload.batch={w.batch} serves prompts in lock-step from a recorded trace, but a live run decodes "
+                "one prompt at a time: add source=trace or drop workload.batch")
         self._check_trace_options()
         require(
             self.limit_prompts is None or self.limit_prompts > 0,

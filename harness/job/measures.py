@@ -9,8 +9,8 @@ harness/traces/dali_measures.py). A live run that records no trace keeps one in 
 `measures: null` (the default) computes them for the transformers families (DALI's
 setting: prefill and token-by-token decode), not for LLaDA2 runs, whose results (the
 golden grid) stay as they were; `measures=true` computes them for any offloading run,
-`measures=false` for none. Expert-parallel runs (topology=multi) have none: nothing is
-offloaded.
+`measures=false` for none. Expert-parallel runs (topology=multi) have no DALI measures
+(nothing is offloaded); a gem run reports GEM's profiling cost instead.
 """
 
 from __future__ import annotations
@@ -21,13 +21,22 @@ from harness.job.config import HarnessConfig
 from harness.placement.trace import RoutingTrace
 from harness.traces.dali_measures import measures_of_trace
 from systems.dali import DaliConfig
+from systems.gem import Gem
 
 
 def wants_measures(cfg: HarnessConfig) -> bool:
-    """Whether this run computes DALI's measures (module docstring)."""
-    if cfg.topology.name == "multi":
-        return False
+    """Whether this run computes the papers' measures (module docstring): DALI's on one
+    GPU, GEM's profiling cost for gem."""
     return cfg.model.is_family if cfg.measures is None else bool(cfg.measures)
+
+
+def wants_dali_measures(cfg: HarnessConfig) -> bool:
+    return wants_measures(cfg) and cfg.topology.name != "multi"
+
+
+def gem_figures(system: Any) -> dict[str, float]:
+    """GEM's profiling cost (systems/gem.py `profiling_cost`) for a gem run; none otherwise."""
+    return system.profiling_cost() if isinstance(system, Gem) else {}
 
 
 def replacement_decay(system_config: Any) -> float:

@@ -24,7 +24,7 @@ from harness.accounting.topology import SINGLE, Topology, build_topology
 from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import code_version
 from harness.job.config import HarnessConfig
-from harness.job.measures import measure_figures, replacement_decay, wants_measures
+from harness.job.measures import gem_figures, measure_figures, replacement_decay, wants_dali_measures, wants_measures
 from harness.model import LLaDA2Config
 from harness.placement.system import System
 from harness.placement.trace import RoutingTrace
@@ -43,6 +43,7 @@ class RunSetup:
     cost: CostModel
     topology: Topology = SINGLE
     measures: bool = False  # DALI's measures: the ledger keeps per-phase accounts (harness/job/measures.py)
+    gem_measures: bool = False  # GEM's profiling cost, for a gem run
 
     @property
     def needs_calibration(self) -> bool:
@@ -62,7 +63,7 @@ def setup_run(cfg: HarnessConfig, geometry: LLaDA2Config) -> RunSetup:
     budget = resolve_budget(cfg.budget, geometry, cfg.model.name)
     hardware = load_hardware(cfg.hardware, geometry)
     return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology),
-                    measures=wants_measures(cfg))
+                    measures=wants_dali_measures(cfg), gem_measures=wants_measures(cfg))
 
 
 def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, counts: dict[str, Any],
@@ -83,6 +84,8 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
     if setup.measures:
         metrics.update(measure_figures(engine.ledger.measures(), trace, setup.budget.experts_per_layer,
                                        setup.geometry.num_experts_per_tok, replacement_decay(cfg.system)))
+    if setup.gem_measures:
+        metrics.update(gem_figures(setup.system))
     for key, value in counts.items():
         if key in metrics:
             raise DuplicateMetricError(f"run count {key!r} is also an engine metric; rename one of them")
@@ -106,8 +109,9 @@ def phase_figures(step_series: list[dict[str, Any]], prompts: int) -> dict[str, 
     if not decode:
         return {}
     prefill_s, decode_s = sum(prefill), sum(decode)
+    # one prefill forward per prompt, or per batch of prompts served in lock-step (workload.batch)
     return {"time_prefill_s": prefill_s, "time_decode_s": decode_s,
-            "ttft_s": prefill_s / max(1, prompts), "tpot_s": decode_s / len(decode)}
+            "ttft_s": prefill_s / max(1, len(prefill) or prompts), "tpot_s": decode_s / len(decode)}
 
 
 def versions() -> dict[str, str]:

@@ -27,8 +27,8 @@ from harness.results.run_result import SCHEMA, DecodedOutputs, RunIdentity, RunR
 PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "result-schema.md"
 
 # schema version -> the fingerprint of its fields (version 1 had no documented fields)
-# 3: autoregressive phases; 4: DALI's measures (busy shares, predictors, cache replays)
-SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "e133d63303fe82e2", 4: "dd356bdb4ef43313"}
+# 3: autoregressive phases; 4: DALI's measures, lock-step serving percentiles, GEM's profiling cost
+SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "e133d63303fe82e2", 4: "9a96ebf1e64c916f"}
 
 # (heading, dataclass or None, its table, what it describes)
 RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [

@@ -128,6 +128,7 @@ _ENGINE = "engine (harness/engine/engine.py, ledger.py)"
 _COUNTS = "counts (harness/job/live.py, replay.py)"
 _LOSSLESS = "lossless (harness/decode/lossless.py)"
 _TIMING = "timing"
+_SERVING = "serving (workload.batch > 1; harness/traces/serving.py)"
 _MEASURED = "timing, measured (harness/hybrid, backend=cuda)"
 
 METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
@@ -164,7 +165,17 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "time_prefill_s": ("s (modeled)", _SECTION, "autoregressive families only: the prefill forwards' time"),
     "time_decode_s": ("s (modeled)", _SECTION, "autoregressive families only: the decode forwards' time"),
     "ttft_s": ("s (modeled)", _SECTION, "autoregressive families only: time to first token (the prefill "
-                                        "forward), mean over prompts"),
+                                        "forward), mean over prefill forwards (one per prompt, or per batch)"),
+    "serving_batches": ("batches", _SERVING, "batches of workload.batch requests served one after another"),
+    "tpot_p50_s": ("s (modeled)", _SERVING, "per-request time per output token (the mean latency of the decode "
+                                            "forwards carrying its tokens), median over requests"),
+    "tpot_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
+    "tpot_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
+    "e2e_latency_p50_s": ("s (modeled)", _SERVING, "per-request end-to-end latency (from the start of serving, "
+                                                   "every request waiting at time 0, to its last token), median"),
+    "e2e_latency_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
+    "e2e_latency_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
+    "e2e_latency_mean_s": ("s (modeled)", _SERVING, "the same, mean over requests"),
     "tpot_s": ("s (modeled)", _SECTION, "autoregressive families only: time per output token (a decode forward)"),
     "routed_tokens": ("tokens", _COUNTS, "tokens routed through the MoE layers over every forward"),
     "lossless": ("0/1", _LOSSLESS, "1 when every generated token equals the gpu_only reference's"),
@@ -223,6 +234,13 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
                                                              "the calibration trace"),
     "calibration_score_s": ("s (modeled)", "system report: gem", "gem's mapping on the calibration trace"),
     "ep_linear_calibration_score_s": ("s (modeled)", "system report: gem", "ep_linear's mapping on the same trace"),
+    "gem_profile_samples": ("latency samples", "GEM's measures (gem)", "GEM's profile: every GPU's latency curve "
+                                                                         "sampled at tile boundaries"),
+    "gem_dense_profile_samples": ("latency samples", "GEM's measures (gem)", "a dense profile: every token count "
+                                                                               "0..the window's largest load, per GPU"),
+    "gem_profile_error_mean": ("fraction", "GEM's measures (gem)", "relative error of the tile-boundary curve against "
+                                                                   "the cost model, mean over token counts"),
+    "gem_profile_error_max": ("fraction", "GEM's measures (gem)", "the same, largest"),
     "slowest_gpu_speed": ("relative speed", "system report: ep_linear", "the slowest GPU's speed in the topology"),
 }
 

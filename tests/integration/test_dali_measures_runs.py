@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.overrides import compose_checked
+from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from harness.job.live import run_job
 from harness.results.run_result import RunResult
@@ -79,3 +80,37 @@ def test_a_static_placement_hits_what_its_gpu_set_holds(system: str, proxy_cache
     assert 0 < m["expert_hit_rate"] < 1 and m["cpu_busy_share"] > 0
     if system == "static_split":  # concurrent sides: the CPU's busy time fits in the modeled time
         assert m["cpu_busy_share"] <= 1
+
+
+# ---- lock-step serving and GEM's profiling cost ------------------------------------------
+def test_serving_a_recording_in_batches(proxy_cache: Path, tmp_path: Path) -> None:
+    """Four requests, two at a time: half the forwards of one at a time, the same routed
+    pairs, every request's TPOT and end-to-end latency; gem and ep_linear serve the same
+    batches over four GPUs, and gem reports its profiling cost."""
+    live = run(["model=olmoe", "system=gpu_only", "limit_prompts=4", "trace.record=true"], proxy_cache,
+               tmp_path / "live")
+    path = tmp_path / "live" / "trace.npz"
+    one = run(["model=olmoe", "system=fiddler", "limit_prompts=4", "source=trace", f"trace.path={path}",
+               "budget.gpu_gb=4"], proxy_cache, tmp_path / "one")
+    two = run(["model=olmoe", "system=fiddler", "limit_prompts=4", "source=trace", f"trace.path={path}",
+               "budget.gpu_gb=4", "workload.batch=2"], proxy_cache, tmp_path / "two")
+    m1, m2 = one.flat_metrics(), two.flat_metrics()
+    assert m2["forwards"] * 2 == m1["forwards"] == live.flat_metrics()["forwards"]
+    assert m2["routed_pairs"] == m1["routed_pairs"] and m2["serving_batches"] == 2
+    assert m2["tpot_p50_s"] <= m2["tpot_p90_s"] <= m2["tpot_p99_s"]
+    assert m2["e2e_latency_p99_s"] <= m2["modeled_time_s"] * (1 + 1e-12) and "serving_batches" not in m1
+    assert m2["tokens_per_s"] > m1["tokens_per_s"]  # two requests share each forward's non-expert time
+    for system in ("ep_linear", "gem"):
+        m = run(["model=olmoe", f"system={system}", "limit_prompts=4", "source=trace", f"trace.path={path}",
+                 "topology=multi", "topology.n_gpus=4", "topology.variability=high", "workload.batch=4"],
+                proxy_cache, tmp_path / system).flat_metrics()
+        assert m["serving_batches"] == 1 and m["tpot_p50_s"] == m["tpot_p99_s"]  # one batch: one TPOT
+        assert ("gem_profile_samples" in m) == (system == "gem")
+        assert not any(k.startswith(("cpu_side_share", "cache_hit_rate")) for k in m)  # nothing offloaded
+    assert m["gem_profile_samples"] < m["gem_dense_profile_samples"]
+
+
+def test_a_live_run_refuses_a_batch_in_one_line() -> None:
+    with pytest.raises(HarnessError, match=r"workload\.batch=4 serves prompts in lock-step") as info:
+        compose_checked(["model=olmoe", "workload.batch=4"])
+    assert "\n" not in str(info.value)
