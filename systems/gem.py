@@ -64,6 +64,22 @@ def latency_tables(cost: Any, speeds: tuple[float, ...], max_tokens: int, tile: 
     return base[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
 
 
+def profiling_cost(cost: Any, speeds: tuple[float, ...], max_tokens: int, tile: int) -> dict[str, float]:
+    """GEM's profiling at tile boundaries against a dense profile (every token count
+    0..max_tokens), over every GPU's curve: the latency samples each needs, and the relative
+    error of the boundary curve (n tokens charged as the next boundary) against the cost
+    model at n = 1..max_tokens (mean and largest; the same on every GPU, whose speed scales
+    both curves)."""
+    top = max(max_tokens, 1)
+    boundaries = latency_tables(cost, speeds, top, tile)  # [G, K+1]
+    counts = torch.arange(0, top + 1)
+    dense = cost.gpu_expert_times(counts)[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
+    charged = boundaries[:, -(-counts[1:] // tile)]
+    error = (charged - dense[:, 1:]).abs() / dense[:, 1:]
+    return {"gem_profile_samples": float(boundaries.numel()), "gem_dense_profile_samples": float(dense.numel()),
+            "gem_profile_error_mean": float(error.mean()), "gem_profile_error_max": float(error.max())}
+
+
 def expert_costs(loads: torch.Tensor, tables: torch.Tensor, tile: int) -> torch.Tensor:
     """float64 [G, S, E]: each GPU's curve value for each (step, expert) of one layer."""
     tiles = -(-loads // tile)  # n tokens cost the next tile boundary; 0 tokens cost 0
@@ -159,6 +175,7 @@ class Gem(System):
         self.mappings: torch.Tensor | None = None  # [L, E]
         self.scores: list[float] = []
         self.linear_scores: list[float] = []
+        self.max_tokens = 0
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
@@ -176,7 +193,8 @@ class Gem(System):
         n_experts, speeds = ctx.geometry.num_experts, ctx.topology.speeds
         linear = linear_mapping(n_experts, len(speeds))
         slots = torch.bincount(linear, minlength=len(speeds))
-        tables = latency_tables(ctx.cost, speeds, int(window.max()), self.tile)
+        self.max_tokens = int(window.max())  # the largest load of the window: the curves' range
+        tables = latency_tables(ctx.cost, speeds, self.max_tokens, self.tile)
         gen = torch.Generator().manual_seed(self.seed)
         maps = []
         for layer in range(window.shape[1]):
@@ -206,6 +224,10 @@ class Gem(System):
     ) -> LayerPlan:
         assert self.mappings is not None, "prepare() first"
         return expert_parallel_plan(load, self.mappings[layer])
+
+    def profiling_cost(self) -> dict[str, float]:
+        """`profiling_cost` of this run's curves (after prepare)."""
+        return profiling_cost(self.ctx.cost, self.ctx.topology.speeds, self.max_tokens, self.tile)
 
     def report(self) -> dict[str, Any]:
         gem, linear = sum(self.scores), sum(self.linear_scores)

@@ -10,13 +10,25 @@ from typing import Any
 
 from harness.common.errors import HarnessError
 from harness.placement.system import System
-from systems import dali, ep_linear, fiddler, gem, gpu_only, mixtral_offload, oracle, tide, tide_adaptive
+from systems import (
+    dali,
+    ep_linear,
+    fiddler,
+    gem,
+    gpu_only,
+    mixtral_offload,
+    oracle,
+    static_split,
+    tide,
+    tide_adaptive,
+)
 from systems.entry import SystemEntry
 
 # One line per system, in the order reports list them (docs/adding-a-system.md).
 ENTRIES: tuple[SystemEntry, ...] = (
     gpu_only.ENTRY,
     fiddler.ENTRY,
+    static_split.ENTRY,
     mixtral_offload.ENTRY,
     dali.ENTRY,
     tide.ENTRY,

@@ -56,6 +56,7 @@ from harness.accounting.breakdown import COST_COLUMNS
 from harness.accounting.clock import ForwardTimes, forward_times
 from harness.accounting.cost import CostModel, NonExpertTime
 from harness.accounting.ordered_sums import running_sum, table_row_sums
+from harness.accounting.phases import ForwardFigures, PhaseTallies, busy_shares, hit_rate, phase_measures
 from harness.accounting.pipeline import MissPipeline
 from harness.accounting.tallies import LayerTallies, layer_tallies
 from harness.placement.steps import StepInfo
@@ -175,6 +176,14 @@ class Ledger:
         self._open: _LiveForward | None = None
         self._rows = n_layers
         self._alloc(LIVE_CHUNK + 1, n_layers)
+        self.phases: PhaseTallies | None = None  # per-kind accounts, kept for DALI's measures only
+
+    def track_phases(self) -> None:
+        """Keep per-phase accounts from now on (harness/accounting/phases.py); call before
+        the first forward."""
+        if self.forwards:
+            raise RuntimeError("track_phases after forwards were recorded")
+        self.phases = PhaseTallies()
 
     def _alloc(self, forwards: int, rows: int) -> None:
         self._loads = np.zeros((forwards, rows, self.n_experts), np.int64)
@@ -308,10 +317,15 @@ class Ledger:
         c.time_cpu_experts_s = running_sum(c.time_cpu_experts_s, times.cpu_exposed_s)
         c.time_copies_s = running_sum(c.time_copies_s, waits)
         c.busy_cpu_experts_s = running_sum(c.busy_cpu_experts_s, cpu_s)
-        c.busy_copies_s = running_sum(c.busy_copies_s, (n_sync + out.copies_async) * copy_one)
+        copies_busy_s = (n_sync + out.copies_async) * copy_one
+        c.busy_copies_s = running_sum(c.busy_copies_s, copies_busy_s)
         if closed:
             self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
             self._cost_rows.append(_cost_rows(sizes, parts, gpu_s, times))
+            if self.phases is not None:
+                self.phases.add(ForwardFigures(
+                    [step.kind for step in steps], times.total_s, gpu_s, cpu_s, np.array([p.total for p in parts]),
+                    copies_busy_s, (tally.n_gpu + tally.n_cpu).sum(-1), np.count_nonzero(out.missed, axis=(1, 2))))
 
     def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
         """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
@@ -351,6 +365,18 @@ class Ledger:
         if len(self._cost_rows) > 1:
             self._cost_rows = [np.concatenate(self._cost_rows)]
         return self._cost_rows[0]
+
+    def measures(self) -> dict[str, float]:
+        """DALI's busy shares and expert hit rate, for the run and per phase (empty unless
+        `track_phases` was called; harness/accounting/phases.py)."""
+        if self.phases is None:
+            return {}
+        c = self.counters_now()
+        self.flush()
+        modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
+        return {**busy_shares(c.time_gpu_experts_s, c.busy_cpu_experts_s, c.time_non_expert_s, c.busy_copies_s,
+                              modeled),
+                **hit_rate(*self.phases.routed_and_missed()), **phase_measures(self.phases)}
 
     def figures(self) -> dict[str, Any]:
         """The run's accounts as a summary's figures: counters, I/O, modeled time, steps."""

@@ -26,9 +26,14 @@ class WorkloadConfig:
     prompt_field: str = "prompt"  # jsonl (or dataset) key holding the prompt
     prompts: list[str] = field(default_factory=list)
     dataset: str | None = None  # a bundled benchmark: humaneval (harness/decode/workload.py)
+    # requests served together in lock-step (replays of autoregressive recordings only;
+    # harness/traces/serving.py): 1 = one prompt at a time
+    batch: int = 1
 
     def __post_init__(self) -> None:
         """One source of prompts: a file given with a dataset would be silently ignored."""
+        if isinstance(self.batch, int) and not isinstance(self.batch, bool) and self.batch < 1:
+            raise HarnessError(f"workload.batch={self.batch} must be at least 1 (1: one prompt at a time)")
         if self.path is not None and self.dataset is not None and self.path != MISSING:
             raise HarnessError(f"workload.path={self.path!r} and workload.dataset={self.dataset!r} are both set; a "
                                "run reads one of them: use workload=jsonl workload.path=... or workload=humaneval, "

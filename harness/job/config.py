@@ -71,6 +71,9 @@ class HarnessConfig:
     resume: bool = False  # skip jobs whose result exists for the same config hash (harness/job/resume.py)
     backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
     timing: TimingConfig = field(default_factory=TimingConfig)  # measured runs: warm-up and repeats
+    # DALI's measures (busy shares, predictors, cache replays; harness/job/measures.py):
+    # null = the transformers families only, true = every offloading run, false = none
+    measures: bool | None = None
 
     def __post_init__(self) -> None:
         """The checks that span parts (each part checked its own values when it was built)."""
@@ -81,6 +84,9 @@ class HarnessConfig:
             "(one JSON object with a 'prompt' per line) or list workload.prompts",
         )
         require(self.source in SOURCES, f"source={self.source!r} is not allowed; use live or trace")
+        require(w.batch == 1 or self.source == "trace",
+                f"workload.batch={w.batch} serves prompts in lock-step from a recorded trace, but a live run decodes "
+                "one prompt at a time: add source=trace or drop workload.batch")
         self._check_trace_options()
         require(
             self.limit_prompts is None or self.limit_prompts > 0,

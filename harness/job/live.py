@@ -81,9 +81,11 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
 
     trace = new_trace(loaded, cfg, settings, "workload") if record else None
+    # DALI's measures read the routing: kept in memory when it is not recorded
+    routing = trace if trace is not None or not setup.measures else new_trace(loaded, cfg, settings, "measures")
 
     def decode_once(last: bool) -> tuple[OffloadEngine, OffloadEngine | HybridExecutor, DecodeBatch]:
-        engine = setup.engine(trace if last else None)
+        engine = setup.engine(routing if last else None)
         engine.prepare(calibration if setup.needs_calibration else None, steps_per_block(settings))
         runner = execution.runner(loaded, engine)  # kept: its measured figures go into the result
         batch = decode_with_engine(loaded, runner, prompts, settings, desc=setup.system.name)
@@ -110,7 +112,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     clock = {"wall_s": batch.wall_s, "load_s": load_s,
              "wall_tokens_per_s": batch.generated_tokens / batch.wall_s if batch.wall_s > 0 else 0.0}
     result = build_result(cfg, setup, engine, counts, clock, RunIdentity(
-        source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=execution.backend))
+        source="live", weights=loaded.weights, checkpoint=str(loaded.path), backend=execution.backend),
+        routing if setup.measures else None)
     result.lossless = check.metrics()
     result.workload = workload_record(cfg.workload, prompts)  # MLflow's dataset input
     if trace is not None:  # how realistic this run's routing is, beside uniform routing

@@ -29,6 +29,7 @@ from harness.model import LLaDA2Config
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.traces.batch_replay import replay_trace
+from harness.traces.serving import lockstep, serving_figures
 
 
 def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path, model: str = "?") -> None:
@@ -105,6 +106,12 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
         check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
 
+    served = None
+    if cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)
+        served = lockstep(trace, cfg.workload.batch)
+        trace = served.trace
+        if calibration is not None:  # what a system learns from is batched the same way
+            calibration = lockstep(calibration, cfg.workload.batch).trace
     engine = setup.engine()
     engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
     start = time.perf_counter()
@@ -118,6 +125,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     }
     if trace.meta.get("decode_steps"):  # an autoregressive family's recording
         counts["decode_steps"] = meta_count(trace, "decode_steps", path)
+    if served is not None:  # a batch's decode forward yields a token of each of its requests
+        counts["decode_steps"] = sum(1 for s in trace.steps if s.kind == "decode")
     clock = {"replay_s": replay_s,
              "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
     derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording
@@ -125,6 +134,9 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
                            checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
                            trace_derived_from=str(derived) if derived else None,
                            calibration=str(calibration_file) if calibration_file is not None else None)
-    result = build_result(cfg, setup, engine, counts, clock, identity)
+    result = build_result(cfg, setup, engine, counts, clock, identity, trace)
+    if served is not None:
+        result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.forwards))
+        result.flat_metrics()  # a key reported twice is an error now, before anything is written
     result.workload = workload
     return result  # run_job writes result.json

@@ -25,6 +25,7 @@ from harness.accounting.topology import SINGLE, Topology, build_topology
 from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import code_version
 from harness.job.config import HarnessConfig
+from harness.job.measures import gem_figures, measure_figures, replacement_decay, wants_dali_measures, wants_measures
 from harness.model import LLaDA2Config
 from harness.placement.system import System
 from harness.placement.trace import RoutingTrace
@@ -42,6 +43,8 @@ class RunSetup:
     hardware: HardwareConfig
     cost: CostModel
     topology: Topology = SINGLE
+    measures: bool = False  # DALI's measures: the ledger keeps per-phase accounts (harness/job/measures.py)
+    gem_measures: bool = False  # GEM's profiling cost, for a gem run
 
     @property
     def needs_calibration(self) -> bool:
@@ -49,21 +52,26 @@ class RunSetup:
         return entry_of(self.system).needs_calibration(self.system)
 
     def engine(self, trace: RoutingTrace | None = None) -> OffloadEngine:
-        return OffloadEngine(self.system, self.geometry, self.budget.experts_per_layer, self.cost, trace=trace,
-                             topology=self.topology, budget_scope=self.budget.scope)
+        engine = OffloadEngine(self.system, self.geometry, self.budget.experts_per_layer, self.cost, trace=trace,
+                               topology=self.topology, budget_scope=self.budget.scope)
+        if self.measures:
+            engine.ledger.track_phases()
+        return engine
 
 
 def setup_run(cfg: HarnessConfig, geometry: LLaDA2Config) -> RunSetup:
     system = system_from_config(cfg.system)
     budget = resolve_budget(cfg.budget, geometry, cfg.model.name)
     hardware = load_hardware(cfg.hardware, geometry)
-    return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology))
+    return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology),
+                    measures=wants_dali_measures(cfg), gem_measures=wants_measures(cfg))
 
 
 def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, counts: dict[str, Any],
-                 clock: dict[str, float], identity: RunIdentity) -> RunResult:
+                 clock: dict[str, float], identity: RunIdentity, trace: RoutingTrace | None = None) -> RunResult:
     """The result shared by live and replay runs: `identity` says how the run ran (source,
-    weights, checkpoint, backend or trace); the rest comes from the config and the engine."""
+    weights, checkpoint, backend or trace); the rest comes from the config and the engine.
+    `trace`: the routing the run decoded or replayed (DALI's measures read it)."""
     summary = engine.summary()
     step_series = summary.pop("step_series")
     modeled_s = summary["modeled_time_s"]
@@ -74,6 +82,11 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
         **{k: v for k, v in summary.items() if is_number(v)},  # experts_per_layer: the engine's B (the budget's)
     }
     metrics.update(phase_figures(step_series, counts["prompts"]))
+    if setup.measures:
+        metrics.update(measure_figures(engine.ledger.measures(), trace, setup.budget.experts_per_layer,
+                                       setup.geometry.num_experts_per_tok, replacement_decay(cfg.system)))
+    if setup.gem_measures:
+        metrics.update(gem_figures(setup.system))
     for key, value in counts.items():
         if key in metrics:
             raise DuplicateMetricError(f"run count {key!r} is also an engine metric; rename one of them")
@@ -99,8 +112,9 @@ def phase_figures(step_series: list[dict[str, Any]], prompts: int) -> dict[str, 
     if not decode:
         return {}
     prefill_s, decode_s = sum(prefill), sum(decode)
+    # one prefill forward per prompt, or per batch of prompts served in lock-step (workload.batch)
     return {"time_prefill_s": prefill_s, "time_decode_s": decode_s,
-            "ttft_s": prefill_s / max(1, prompts), "tpot_s": decode_s / len(decode)}
+            "ttft_s": prefill_s / max(1, len(prefill) or prompts), "tpot_s": decode_s / len(decode)}
 
 
 def versions() -> dict[str, str]:

@@ -74,6 +74,12 @@ class RoutingTrace:
                 self._hints[-1] = torch.zeros(self.n_layers, self.n_experts, dtype=torch.float32)
             self._hints[-1][layer] = hint.float()
 
+    def set_step(self, step: int, loads: np.ndarray, hints: np.ndarray | None = None) -> None:
+        """Set a whole forward's loads [L, E] (and hints) at once (a trace built from another)."""
+        self._stacked = None
+        self._loads[step] = torch.from_numpy(np.ascontiguousarray(loads, dtype=np.int32))
+        self._hints[step] = None if hints is None else torch.from_numpy(np.ascontiguousarray(hints, np.float32))
+
     @property
     def loads(self) -> torch.Tensor:
         if not self._loads:
@@ -89,6 +95,10 @@ class RoutingTrace:
     def hint(self, step: int, layer: int) -> torch.Tensor | None:
         h = self._hints[step]
         return None if h is None else h[layer]
+
+    def step_hints(self, step: int) -> torch.Tensor | None:
+        """A forward's hints [L, E] (row l predicts layer l+1), or None if it recorded none."""
+        return self._hints[step]
 
     def __len__(self) -> int:
         return len(self.steps)

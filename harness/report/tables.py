@@ -42,6 +42,7 @@ from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report import plots
 from harness.report.breakdown import breakdown_by_window, breakdown_markdown
 from harness.report.keys import Keyed, keyed_runs
+from harness.report.measures import measures_markdown
 from harness.report.notes import early_stop_markdown, replay_routing_markdown, tau_flatness_markdown
 from harness.results.records import (
     RECORD_METRICS,
@@ -307,8 +308,8 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
     for line in keyed.warnings:
         print(line, file=sys.stderr)
     wide = pivot(keyed)
-    text = (paper_markdown(wide, experts_per_row(keyed)) + early_stop_markdown(records) + routing_markdown(records)
-            + replay_routing_markdown(records, [LABELS.get(k, k) for k in ROUTING_KEYS])
+    text = (paper_markdown(wide, experts_per_row(keyed)) + measures_markdown(records) + early_stop_markdown(records)
+            + routing_markdown(records) + replay_routing_markdown(records, [LABELS.get(k, k) for k in ROUTING_KEYS])
             + tau_flatness_markdown(records) + breakdown_markdown(records))
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")

@@ -32,6 +32,11 @@ RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cp
                   "lossless", "token_match_rate", "experts_per_layer", "generated_tokens", "prompts",
                   "ttft_s", "tpot_s"]
 
+# DALI's measures (harness/job/measures.py): every metric that starts with one of these,
+# for the run or one phase; a record keeps them apart (`measures`) for the report's section
+MEASURE_PREFIXES = ("gpu_busy_share", "cpu_busy_share", "cpu_expert_share", "cpu_side_share", "expert_hit_rate",
+                    "prefetch_precision_", "prefetch_recall_", "cache_hit_rate_")
+
 SWEEP_FILES = ("sweep_summary.csv", "sweep_summary.md", "throughput.png")
 
 
@@ -79,6 +84,8 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "settings": run_settings(result),
         "system_options": {k: setting_text(v) for k, v in flatten(system).items() if k not in ("name", "overlap")},
         "per_prompt": per_prompt(result),
+        "measures": {k: float(v) for k, v in metrics.items()
+                     if k.startswith(MEASURE_PREFIXES) and isinstance(v, int | float) and not isinstance(v, bool)},
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)

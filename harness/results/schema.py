@@ -27,8 +27,9 @@ from harness.results.run_result import SCHEMA, DecodedOutputs, RunIdentity, RunR
 PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "result-schema.md"
 
 # schema version -> the fingerprint of its fields (version 1 had no documented fields)
-SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "64d03f7367f281af"}
-# 3: cost breakdown, estimates, calibration, autoregressive phases
+# 3: cost breakdown, hardware estimates, calibration; 4: autoregressive phases (model families),
+# DALI's measures, lock-step serving percentiles, GEM's profiling cost
+SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "ebc498bae66d43fc", 4: "6bfc97e016149ffc"}
 
 # (heading, dataclass or None, its table, what it describes)
 RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [

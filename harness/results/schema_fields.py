@@ -134,6 +134,7 @@ _ENGINE = "engine (harness/engine/engine.py, ledger.py)"
 _COUNTS = "counts (harness/job/live.py, replay.py)"
 _LOSSLESS = "lossless (harness/decode/lossless.py)"
 _TIMING = "timing"
+_SERVING = "serving (workload.batch > 1; harness/traces/serving.py)"
 _MEASURED = "timing, measured (harness/hybrid, backend=cuda)"
 
 METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
@@ -170,7 +171,17 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "time_prefill_s": ("s (modeled)", _SECTION, "autoregressive families only: the prefill forwards' time"),
     "time_decode_s": ("s (modeled)", _SECTION, "autoregressive families only: the decode forwards' time"),
     "ttft_s": ("s (modeled)", _SECTION, "autoregressive families only: time to first token (the prefill "
-                                        "forward), mean over prompts"),
+                                        "forward), mean over prefill forwards (one per prompt, or per batch)"),
+    "serving_batches": ("batches", _SERVING, "batches of workload.batch requests served one after another"),
+    "tpot_p50_s": ("s (modeled)", _SERVING, "per-request time per output token (the mean latency of the decode "
+                                            "forwards carrying its tokens), median over requests"),
+    "tpot_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
+    "tpot_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
+    "e2e_latency_p50_s": ("s (modeled)", _SERVING, "per-request end-to-end latency (from the start of serving, "
+                                                   "every request waiting at time 0, to its last token), median"),
+    "e2e_latency_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
+    "e2e_latency_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
+    "e2e_latency_mean_s": ("s (modeled)", _SERVING, "the same, mean over requests"),
     "tpot_s": ("s (modeled)", _SECTION, "autoregressive families only: time per output token (a decode forward)"),
     "routed_tokens": ("tokens", _COUNTS, "tokens routed through the MoE layers over every forward"),
     "lossless": ("0/1", _LOSSLESS, "1 when every generated token equals the gpu_only reference's"),
@@ -229,10 +240,39 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
                                                              "the calibration trace"),
     "calibration_score_s": ("s (modeled)", "system report: gem", "gem's mapping on the calibration trace"),
     "ep_linear_calibration_score_s": ("s (modeled)", "system report: gem", "ep_linear's mapping on the same trace"),
+    "gem_profile_samples": ("latency samples", "GEM's measures (gem)", "GEM's profile: every GPU's latency curve "
+                                                                         "sampled at tile boundaries"),
+    "gem_dense_profile_samples": ("latency samples", "GEM's measures (gem)", "a dense profile: every token count "
+                                                                               "0..the window's largest load, per GPU"),
+    "gem_profile_error_mean": ("fraction", "GEM's measures (gem)", "relative error of the tile-boundary curve against "
+                                                                   "the cost model, mean over token counts"),
+    "gem_profile_error_max": ("fraction", "GEM's measures (gem)", "the same, largest"),
     "slowest_gpu_speed": ("relative speed", "system report: ep_linear", "the slowest GPU's speed in the topology"),
 }
 
+_MEASURES = "DALI's measures (harness/job/measures.py; measures=null: transformers families)"
+_PHASE = r"(_(prefill|decode|denoise|commit))?"  # no suffix: the whole run; else one phase (forward kind)
+
 METRIC_PATTERNS: dict[str, tuple[str, str, str]] = {  # regular expression: (unit, section, meaning)
+    rf"gpu_busy_share{_PHASE}": (
+        "fraction", _MEASURES, "(GPU expert + non-expert seconds) / modeled seconds, of the run or of one phase "
+                               "(harness/accounting/phases.py)"),
+    rf"cpu_busy_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds (busy, overlapped or not) / modeled "
+                                                        "seconds"),
+    rf"cpu_expert_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds / (CPU + GPU expert seconds): the "
+                                                          "expert compute's CPU/GPU split"),
+    rf"cpu_side_share{_PHASE}": ("fraction", _MEASURES, "CPU expert seconds / (CPU expert + GPU expert + copy "
+                                                        "seconds): the split DALI balances (copies on the GPU side)"),
+    rf"expert_hit_rate{_PHASE}": ("fraction", _MEASURES, "routed (layer, expert) pairs resident when the layer "
+                                                         "started / routed pairs (each expert once per layer and "
+                                                         "forward)"),
+    rf"prefetch_(precision|recall)_(residual|token_count){_PHASE}": (
+        "fraction", _MEASURES, "of top_k experts named for layer l+1 by the residual hint or by earlier token "
+                               "counts: named ones used / named (precision), / used (recall) "
+                               "(harness/traces/dali_measures.py)"),
+    rf"cache_hit_rate_(workload|lru|lfu){_PHASE}": (
+        "fraction", _MEASURES, "a B-expert cache per layer replayed over the run's trace with DALI's workload "
+                               "replacement, LRU or LFU: demanded experts found cached / demanded"),
     r"routing_(uniform_)?(distinct_experts_per_layer_step|top_b_share|unused_experts_per_layer|popularity_cv|"
     r"cross_prompt_popularity_corr|tokens_per_denoise_step|top_b_share_step|load_entropy|cosine_k\d+)": (
         "see harness/traces/routing_stats.py", "routing (trace.record=true)",

@@ -34,8 +34,9 @@ REDUCED = {
     # the transformers families: the smallest AR family stands in for the experiment's two
     "ar_offload": ["model=olmoe", "budget.gpu_gb=4", "system=gpu_only,tide,dali"],
     "diffusiongemma": ["decode.steps=4", "budget.gpu_gb=24", "system=gpu_only,tide"],
+    "dali": ["model=olmoe", "budget.gpu_gb=4", "system=static_split,dali_no_prefetch"],
 }
-BASE = {"ar_offload": [], "diffusiongemma": []}  # model=tiny does not apply to a family
+BASE = {"ar_offload": [], "diffusiongemma": [], "dali": []}  # model=tiny does not apply to a family
 
 
 @pytest.mark.slow
@@ -54,6 +55,23 @@ def test_reduced_experiment_runs(name, proxy_cache, tmp_path, tiny_dir):
         expected *= len(arg.split("=", 1)[1].split(","))
     assert len(results) == expected
     assert all(r["source"] == "trace" for r in results)
+    if name == "dali":  # every job reports DALI's measures, prefill and decode apart
+        assert all({"cpu_side_share_decode", "cache_hit_rate_lru_prefill"} <= set(r["metrics"]) for r in results)
+
+
+def test_the_dali_experiment_runs_dali_and_each_part_switched_off():
+    from omegaconf import OmegaConf
+
+    sweep = OmegaConf.load(REPO / "conf" / "experiment" / "dali.yaml").hydra.sweeper.params
+    assert sweep.system.split(",") == ["static_split", "fiddler", "mixtral_offload", "dali", "dali_no_assign",
+                                       "dali_no_prefetch", "dali_no_replacement"]
+    cfg = compose_checked(["+experiment=dali"])
+    assert (cfg.source, cfg.model.name, cfg.hardware.name, cfg.measures) == ("trace", "qwen3_moe", "rtx4090_pcie4",
+                                                                             True)
+    for part in ("assign", "prefetch", "replacement"):
+        system = compose_checked(["+experiment=dali", f"system=dali_no_{part}"]).system
+        off = {k for k in ("assign", "prefetch", "replacement") if getattr(system, k) is False}
+        assert (system.name, off) == ("dali", {part})
 
 
 def test_random_tau_is_seeded_and_within_range():

@@ -27,11 +27,11 @@ def test_each_entry_names_its_policy_and_config():
 
 def test_capabilities():
     assert {n for n, e in REGISTRY.items() if e.multi_gpu} == {"ep_linear", "gem"}
-    assert {n for n, e in REGISTRY.items() if e.batch_planner is not None} == {"fiddler", "tide"}
+    assert {n for n, e in REGISTRY.items() if e.batch_planner is not None} == {"fiddler", "static_split", "tide"}
     assert REGISTRY["fiddler"].batch_planner is FiddlerBatchPlanner
     assert REGISTRY["tide"].batch_planner is TideBatchPlanner
     calibrates = {n for n, e in REGISTRY.items() if e.needs_calibration(make_system(n, {}))}
-    assert calibrates == {"fiddler", "tide", "gem"}  # tide's default tau=auto solves tau* on one
+    assert calibrates == {"fiddler", "static_split", "tide", "gem"}  # tide's default tau=auto solves tau* on one
     assert not REGISTRY["tide"].needs_calibration(make_system("tide", {"tau": 4}))
 
 

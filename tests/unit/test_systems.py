@@ -133,6 +133,30 @@ def test_fiddler_needs_calibration() -> None:
         engine("fiddler", {}, geometry(1, 8), 2)
 
 
+# ---- static_split ------------------------------------------------------------------------
+def test_static_split_keeps_the_calibration_top_b_and_sends_every_miss_to_the_cpu() -> None:
+    """Even a miss heavy enough for fiddler to copy runs on the CPU: nothing ever moves."""
+    geo = geometry(1, 8)
+    trace = RoutingTrace(1, 8)
+    trace.add_step(step(0, 0, 0))
+    trace.record(0, loads(8, e6=5, e3=9))
+    eng = engine("static_split", {}, geo, 2, calibration=trace)
+    assert eng.layer_resident(0) == {3, 6} and eng.system.overlap
+    for _ in range(2):
+        eng.begin_step(step(1, 0, 0), 5000, 5000)
+        plan = eng.plan_layer(0, loads(8, e0=5000, e3=4, e6=1, e7=2))
+        assert np.flatnonzero(plan.gpu).tolist() == [3, 6] and np.flatnonzero(plan.cpu).tolist() == [0, 7]
+        assert not (move_count(plan.fetch_sync) or move_count(plan.evict) or move_count(plan.prefetch))
+        eng.end_step()
+    assert eng.layer_resident(0) == {3, 6}
+    assert eng.counters.copies_sync == eng.counters.copies_scratch == 0
+
+
+def test_static_split_needs_calibration() -> None:
+    with pytest.raises(HarnessError, match="static_split needs a calibration"):
+        engine("static_split", {}, geometry(1, 8), 2)
+
+
 # ---- mixtral_offload -------------------------------------------------------------------
 def test_mixtral_lru_order_eviction_and_scratch() -> None:
     eng = engine("mixtral_offload", {}, geometry(1, 8), 3)
