@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -62,3 +63,20 @@ def fingerprint(obj: Any, length: int = 16) -> str:
 
     text = json.dumps(obj, sort_keys=True, default=_jsonable)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def publish_dir(tmp: Path, directory: Path, is_complete: Callable[[Path], bool]) -> Path:
+    """Rename the finished build `tmp` into `directory`. A parallel job (a joblib sweep) that
+    finished first wins: its complete directory stays and `tmp` goes. An incomplete
+    `directory` (an interrupted build) is replaced."""
+    if is_complete(directory):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        os.replace(tmp, directory)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_complete(directory):
+            raise
+    return directory

@@ -124,7 +124,12 @@ class FamilyAdapter:
     def model_cls(self) -> type:
         import transformers
 
-        return getattr(transformers, self.model_class)
+        cls = getattr(transformers, self.model_class, None)
+        if cls is None or not _has_experts_interface():
+            raise HarnessError(f"model={self.name} needs transformers' {self.model_class} and its experts interface "
+                               f"(transformers.integrations.moe); transformers {transformers.__version__} has not got "
+                               "them: pip install -U 'transformers>=5.24'")
+        return cls
 
     def hf_config(self, raw_config: dict[str, Any]):
         from transformers import AutoConfig
@@ -208,3 +213,11 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> None:
             _merge(base[key], value)
         else:
             base[key] = copy.deepcopy(value)
+
+
+def _has_experts_interface() -> bool:
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.common.errors import HarnessError
+from harness.model.config import ParamTotals
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 FamilyKind = Literal["ar", "diffusion"]
 
 
 @dataclass(frozen=True)
-class FamilyGeometry:
+class FamilyGeometry(ParamTotals):
     name: str
     model_type: str
     kind: FamilyKind
@@ -114,20 +115,6 @@ class FamilyGeometry:
             + self.first_k_dense_replace * self.dense_mlp_params
             + self.n_moe_layers * (self.router_params + self.shared_mlp_params)
         )
-
-    @property
-    def total_params(self) -> int:
-        return self.non_expert_params + self.n_moe_layers * self.num_experts * self.expert_params
-
-    @property
-    def active_params(self) -> int:
-        return self.non_expert_params + self.n_moe_layers * self.num_experts_per_tok * self.expert_params
-
-    def expert_bytes(self, bytes_per_param: int = 2) -> int:
-        return self.expert_params * bytes_per_param
-
-    def non_expert_bytes(self, bytes_per_param: int = 2) -> int:
-        return self.non_expert_params * bytes_per_param
 
     def moe_index(self, decoder_layer: int) -> int:
         """The MoE-layer index (dense layers not counted) of a sparse decoder layer."""

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.common.files import fingerprint, write_json_atomic
+from harness.common.files import fingerprint, publish_dir, write_json_atomic
 from harness.families.adapter import FamilyAdapter
 from harness.families.geometry import read_family_json
 from harness.families.registry import family_adapter, geometry_of
@@ -219,27 +219,13 @@ def build_proxy(name: str, seed: int, cache_dir: str | Path, tokenizer, texts: S
     write_json_atomic(tmp / "proxy.json", {"family": name, "seed": seed, "version": FAMILY_PROXY_VERSION,
                                            "imbalance_per_pass": history, "config": config})
     (tmp / MARKER).write_text(str(FAMILY_PROXY_VERSION))
-    _publish(tmp, directory)
+    publish_dir(tmp, directory, _complete)
     return directory
 
 
 def _complete(directory: Path) -> bool:
     marker = directory / MARKER
     return marker.exists() and marker.read_text().strip() == str(FAMILY_PROXY_VERSION)
-
-
-def _publish(tmp: Path, directory: Path) -> None:
-    """Rename the finished build into place; a parallel job that finished first wins."""
-    if _complete(directory):
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
-    shutil.rmtree(directory, ignore_errors=True)
-    try:
-        os.replace(tmp, directory)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not _complete(directory):
-            raise
 
 
 def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

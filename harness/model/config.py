@@ -103,8 +103,35 @@ def check_missing_keys(raw: dict) -> None:
                 f"not LLaDA2.0's {defaults[key]!r}; write {key} into config.json")
 
 
+class ParamTotals:
+    """What a geometry derives from its non-expert and per-expert parameter counts (LLaDA2Config
+    here, FamilyGeometry for the transformers families): totals, and bytes at a width."""
+
+    non_expert_params: int
+    expert_params: int
+    n_moe_layers: int
+    num_experts: int
+    num_experts_per_tok: int
+
+    @property
+    def total_params(self) -> int:
+        """Reference definition: tests check it against the published model sizes."""
+        return self.non_expert_params + self.n_moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        """Reference definition: tests check it against the published model sizes."""
+        return self.non_expert_params + self.n_moe_layers * self.num_experts_per_tok * self.expert_params
+
+    def expert_bytes(self, bytes_per_param: int = 2) -> int:
+        return self.expert_params * bytes_per_param
+
+    def non_expert_bytes(self, bytes_per_param: int = 2) -> int:
+        return self.non_expert_params * bytes_per_param
+
+
 @dataclass(frozen=True)
-class LLaDA2Config:
+class LLaDA2Config(ParamTotals):
     vocab_size: int = 157184
     hidden_size: int = 2048
     intermediate_size: int = 5120
@@ -250,18 +277,3 @@ class LLaDA2Config:
             + self.n_moe_layers * (router + shared)
         )
 
-    @property
-    def total_params(self) -> int:
-        """Reference definition: only tests call this (against the published model sizes)."""
-        return self.non_expert_params + self.n_moe_layers * self.num_experts * self.expert_params
-
-    @property
-    def active_params(self) -> int:
-        """Reference definition: only tests call this (against the published model sizes)."""
-        return self.non_expert_params + self.n_moe_layers * self.num_experts_per_tok * self.expert_params
-
-    def expert_bytes(self, bytes_per_param: int = 2) -> int:
-        return self.expert_params * bytes_per_param
-
-    def non_expert_bytes(self, bytes_per_param: int = 2) -> int:
-        return self.non_expert_params * bytes_per_param

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from harness.common.errors import HarnessError
+from harness.common.files import publish_dir
 from harness.model.checkpoint import INDEX_FILE, index_checkpoint
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import LLaDA2Model
@@ -154,14 +155,4 @@ def publish_checkpoint(directory: Path, write: Callable[[Path], None]) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     (tmp / "PROXY_COMPLETE").write_text(str(PROXY_VERSION))
-    if proxy_is_complete(directory):  # a parallel job (joblib sweep) finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-        return directory
-    shutil.rmtree(directory, ignore_errors=True)
-    try:
-        os.replace(tmp, directory)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not proxy_is_complete(directory):
-            raise
-    return directory
+    return publish_dir(tmp, directory, proxy_is_complete)

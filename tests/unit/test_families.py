@@ -252,3 +252,12 @@ def test_proxy_init_scales_the_residual_branch_outputs():
     attn = model.model.layers[0].self_attn
     ratio = float(attn.o_proj.weight.std() / attn.q_proj.weight.std())
     assert abs(ratio / (2 * 3) ** -0.5 - 1) < 0.1
+
+
+def test_a_transformers_without_the_model_class_is_one_line() -> None:
+    from dataclasses import replace
+
+    older = replace(family_adapter("diffusiongemma"), model_class="NoSuchModelForBlockDiffusion")
+    with pytest.raises(HarnessError, match=r"model=diffusiongemma needs transformers' NoSuchModelForBlockDiffusion.*"
+                                           r"pip install -U"):
+        older.model_cls()
