@@ -35,8 +35,10 @@ REDUCED = {
     "ar_offload": ["model=olmoe", "budget.gpu_gb=4", "system=gpu_only,tide,dali"],
     "diffusiongemma": ["decode.steps=4", "budget.gpu_gb=24", "system=gpu_only,tide"],
     "dali": ["model=olmoe", "budget.gpu_gb=4", "system=static_split,dali_no_prefetch"],
+    "gem": ["model=olmoe", "workload.batch=2", "topology.n_gpus=4", "topology.variability=high",
+            "system=ep_linear,gem"],
 }
-BASE = {"ar_offload": [], "diffusiongemma": [], "dali": []}  # model=tiny does not apply to a family
+BASE = {"ar_offload": [], "diffusiongemma": [], "dali": [], "gem": []}  # model=tiny does not apply to a family
 
 
 @pytest.mark.slow
@@ -57,6 +59,10 @@ def test_reduced_experiment_runs(name, proxy_cache, tmp_path, tiny_dir):
     assert all(r["source"] == "trace" for r in results)
     if name == "dali":  # every job reports DALI's measures, prefill and decode apart
         assert all({"cpu_side_share_decode", "cache_hit_rate_lru_prefill"} <= set(r["metrics"]) for r in results)
+    if name == "gem":  # served in lock-step: per-request percentiles; gem also its profiling cost
+        assert all({"tpot_p90_s", "e2e_latency_mean_s", "serving_batches"} <= set(r["metrics"]) for r in results)
+        assert [("gem_profile_samples" in r["metrics"]) for r in sorted(results, key=lambda r: r["config"]["system"]
+                ["name"])] == [False, True]
 
 
 def test_the_dali_experiment_runs_dali_and_each_part_switched_off():
