@@ -42,6 +42,7 @@ from harness.common.files import fingerprint
 from harness.decode.decode_batch import DecodeBatch, decode_with_engine
 from harness.decode.decoding import DecodeSettings, steps_per_block
 from harness.decode.lossless import load_reference, store_reference
+from harness.decode.workload import load_prompts
 from harness.job.hybrid_setup import all_gpu_engine, reference_key
 from harness.placement.trace import RoutingTrace, derive_no_cache
 from harness.training.proxy_cache import RESULT_WEIGHTS, corpus_for, weights_at, weights_dir
@@ -157,9 +158,24 @@ def _cached_trace(path: Path) -> RoutingTrace | None:
         return None  # a damaged cache entry is recorded again, never trusted
 
 
+def calibration_prompts(cfg: HarnessConfig) -> list[str]:
+    """calibration.prompts, or with calibration.from_workload = N the last N prompts of the
+    workload's dataset, which the run (its first limit_prompts) never decodes."""
+    n = cfg.calibration.from_workload
+    if n <= 0:
+        return [str(p) for p in cfg.calibration.prompts]
+    every = load_prompts(cfg.workload)
+    decoded = min(cfg.limit_prompts or len(every), len(every))
+    if n > len(every) - decoded:
+        raise HarnessError(f"calibration.from_workload={n} needs {n} prompts the run does not decode, but workload "
+                           f"{cfg.workload.name} has {len(every)} and the run decodes {decoded}: lower "
+                           "calibration.from_workload or limit_prompts")
+    return every[-n:]
+
+
 def calibration_path(cfg: HarnessConfig, settings: DecodeSettings, backend: str = "cpu") -> Path:
     """Where the cached calibration trace of this config lives (recorded or not)."""
-    prompts = [str(p) for p in cfg.calibration.prompts]
+    prompts = calibration_prompts(cfg)
     if not prompts:
         raise HarnessError(f"system={cfg.system.name} learns from a calibration trace but calibration.prompts "
                            "is empty; list prompts under calibration.prompts")
@@ -178,7 +194,7 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
         if settings.cache == "none":
             trace = derive_no_cache(calibration_trace(cfg, replace(settings, cache="prefix"), load, backend))
         else:
-            trace, _ = record_trace(load(), cfg, [str(p) for p in cfg.calibration.prompts], settings, "calibration")
+            trace, _ = record_trace(load(), cfg, calibration_prompts(cfg), settings, "calibration")
         trace.save(path)
     return trace
 

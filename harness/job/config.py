@@ -24,6 +24,7 @@ from harness.accounting.budget import BudgetConfig
 from harness.accounting.cost import HardwareConfig
 from harness.accounting.topology import TopologyConfig, build_topology, check_system_topology
 from harness.common.checks import given, require
+from harness.common.errors import HarnessError
 from harness.decode.decoding import DecodeSettings
 from harness.decode.loading import nominal_geometry
 from harness.decode.workload import WorkloadConfig
@@ -39,6 +40,16 @@ SOURCES = ("live", "trace")
 @dataclass
 class CalibrationConfig:
     prompts: list[str] = field(default_factory=list)
+    # > 0: calibrate on the last N prompts of the workload's own dataset (never ones the run
+    # decodes) instead of `prompts`, so tau* and every learned placement see prompts of the
+    # workload's length (docs/configuration.md)
+    from_workload: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.from_workload
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise HarnessError(f"calibration.from_workload={n!r} must be a whole number >= 0 (0: use "
+                               "calibration.prompts)")
 
 
 @dataclass
