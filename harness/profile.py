@@ -35,12 +35,20 @@ from harness.accounting.profiling import _expert_latency, load_hardware, profile
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError, exit_with
 from harness.common.files import write_atomic, write_json_atomic
+from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.decode.loading import nominal_geometry
 from harness.job.config import register_configs
 from harness.model.config import LLaDA2Config
 
-DEFAULTS = {"model": "mini", "out": "outputs/hardware/local.yaml", "name": "local", "max_tokens": "256",
-            "dense_max": "64", "reps": "5", "json": "outputs/cache/hardware/local.json"}
+COMMAND = KeyValueCommand("python -m harness.profile", "measure this machine into a hardware profile a run accepts", [
+    Option("model", "whose nominal expert shape to time", "mini"),
+    Option("out", "the YAML profile to write", "outputs/hardware/local.yaml"),
+    Option("name", "the profile's name", "local"),
+    Option("max_tokens", "the largest token count on the CPU expert curve", "256"),
+    Option("dense_max", "the dense check: every token count from 1 to this", "64"),
+    Option("reps", "timing repetitions per point", "5"),
+    Option("json", "the entry hardware=local reads", "outputs/cache/hardware/local.json"),
+], example="python -m harness.profile model=flash out=conf/hardware/mybox.yaml name=mybox")
 MEMORY_BYTES = 1 << 28  # a copy far larger than any last-level cache
 
 
@@ -93,14 +101,8 @@ def fitted_cpu_roofline(geometry: LLaDA2Config, tokens: list[int], seconds: list
 
 
 def parse(argv: list[str]) -> dict[str, str]:
-    options = dict(DEFAULTS)
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if not eq or key not in DEFAULTS:
-            raise HarnessError(f"python -m harness.profile: unknown argument {arg!r}; use key=value with keys "
-                               f"{', '.join(DEFAULTS)}")
-        options[key] = value
-    return options
+    COMMAND.prog = program_name(COMMAND.prog)
+    return COMMAND.parse(argv)
 
 
 def _int(options: dict[str, str], key: str) -> int:

@@ -47,7 +47,7 @@ class KeyValueCommand:
         lines = [f"usage: {self.prog} " + " ".join(f"{o.name}=<...>" if o.required else f"[{o.name}=<...>]"
                                                      for o in self.options), "", self.summary, "", "options:"]
         for o in self.options:
-            default = " (required)" if o.required else (f" (default: {o.default})" if o.default is not None else "")
+            default = " (required)" if o.required else (f" (default: {o.default})" if o.default else "")
             lines.append(f"  {(o.name + '=<...>'):<{width}} {o.help}{default}")
         if self.example:
             lines += ["", f"example: {self.example}"]

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.common.errors import HarnessError, exit_with
+from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.job.config import register_configs
 from harness.placement.trace import RoutingTrace
 from harness.sensitivity.analysis import Roles
@@ -34,19 +35,25 @@ from harness.sensitivity.output import write_outputs
 from harness.sensitivity.scaling import scale_grid
 from harness.sensitivity.sweep import load_sweep, replayer_for
 
-DEFAULTS = {"sweep": "", "out": "", "scales": "0.25,4,5", "constants": "", "references": "gpu_only,oracle",
-            "baselines": "fiddler,mixtral_offload", "margin_move": "0.10", "tolerance": "0.05", "tracking": "true",
-            "shortcut": "true", "skip": "oracle"}
+COMMAND = KeyValueCommand("python -m harness.sensitivity", "replay a sweep with each hardware constant scaled: "
+                          "which one flips the ranking", [
+    Option("sweep", "the sweep dir (outputs/multirun/<time>); required", ""),
+    Option("out", "where the tables and plots go (empty: <sweep>/sensitivity)", ""),
+    Option("scales", "low,high,points, log-spaced, 1 always included", "0.25,4,5"),
+    Option("constants", "the constants to scale (empty: all that charge the sweep's profile)", ""),
+    Option("references", "systems shown but never the winner", "gpu_only,oracle"),
+    Option("baselines", "the winner's margin is over the best of these", "fiddler,mixtral_offload"),
+    Option("margin_move", "a margin change that counts as a flip", "0.10"),
+    Option("tolerance", "bisection tolerance on the flipping factor", "0.05"),
+    Option("tracking", "log under the sweep's MLflow parent run", "true"),
+    Option("shortcut", "re-charge recorded outcomes where decisions cannot have changed", "true"),
+    Option("skip", "systems not replayed (listed with their 1x figure)", "oracle"),
+], example="python -m harness.sensitivity sweep=outputs/multirun/<time>")
 
 
 def parse(argv: list[str]) -> dict[str, str]:
-    options = dict(DEFAULTS)
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if not eq or key not in DEFAULTS:
-            raise HarnessError(f"python -m harness.sensitivity: unknown argument {arg!r}; use key=value with keys "
-                               f"{', '.join(DEFAULTS)}")
-        options[key] = value
+    COMMAND.prog = program_name(COMMAND.prog)
+    options = COMMAND.parse(argv)
     if not options["sweep"]:
         raise HarnessError("python -m harness.sensitivity needs sweep=<sweep dir> (outputs/multirun/<time>)")
     return options
