@@ -311,7 +311,8 @@ class Ledger:
         c.copies_scratch += int(out.copies_scratch.sum())
         c.copies_async += int(out.copies_async.sum())
         c.copies_free += int(out.copies_free.sum()) if out.copies_free is not None else 0
-        c.time_non_expert_s = running_sum(c.time_non_expert_s, np.array([p.total for p in parts]))
+        non_expert_s = np.array([p.total for p in parts])
+        c.time_non_expert_s = running_sum(c.time_non_expert_s, non_expert_s)
         waits = np.concatenate([times.copies_s, times.drain_s[:, None]], 1) if closed else times.copies_s
         c.time_gpu_experts_s = running_sum(c.time_gpu_experts_s, gpu_s)
         c.time_cpu_experts_s = running_sum(c.time_cpu_experts_s, times.cpu_exposed_s)
@@ -324,7 +325,7 @@ class Ledger:
             self._cost_rows.append(_cost_rows(sizes, parts, gpu_s, times))
             if self.phases is not None:
                 self.phases.add(ForwardFigures(
-                    [step.kind for step in steps], times.total_s, gpu_s, cpu_s, np.array([p.total for p in parts]),
+                    [step.kind for step in steps], times.total_s, gpu_s, cpu_s, non_expert_s,
                     copies_busy_s, (tally.n_gpu + tally.n_cpu).sum(-1), np.count_nonzero(out.missed, axis=(1, 2))))
 
     def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
