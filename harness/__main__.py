@@ -25,6 +25,7 @@ from harness.cli.help import help_text
 from harness.cli.overrides import precheck, typed_config
 from harness.common.errors import HarnessError, OutputError
 from harness.common.files import write_json_atomic
+from harness.common.interrupts import install_sigint_handler, raise_if_interrupted
 from harness.common.keyvalue import wants_help
 from harness.common.paths import as_output_error
 from harness.job.config import register_configs
@@ -41,6 +42,7 @@ def main(cfg: DictConfig) -> None:
     global RUN_DIR
     run_dir = RUN_DIR = HydraConfig.get().runtime.output_dir
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    raise_if_interrupted()  # a Ctrl-C that the previous job's code swallowed stops the sweep here
     try:
         config = typed_config(cfg)  # below here, only the typed HarnessConfig
         if skip_if_done(config, run_dir):  # resume=true and this config already has a result
@@ -48,6 +50,7 @@ def main(cfg: DictConfig) -> None:
             return
         result = run_job(config, run_dir)
     except Exception as exc:
+        raise_if_interrupted()  # an exception that stands in for a swallowed Ctrl-C is not the job's failure
         # a HarnessError is bad input; anything else is a bug, which a single run shows in full
         # but a sweep records as that job's failure, so the other jobs and the summary still come
         exc = as_output_error(exc)  # a full disk or a read-only file system: one line, not a bug
@@ -66,6 +69,7 @@ def main(cfg: DictConfig) -> None:
     for line in result.summary_lines(config.show_text):
         print(line)
     run_id = record_finished_run(result, run_dir, config)  # resume index + MLflow, after result.json; never raises
+    raise_if_interrupted()
     if not in_sweep:  # a sweep prints one line per job and the link to its runs at the end
         for line in where_lines(run_dir, config, run_id):
             print(line)
@@ -84,8 +88,10 @@ def entry() -> None:
             raise
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    install_sigint_handler()
     try:
         main()
+        raise_if_interrupted()
     except KeyboardInterrupt:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -26,6 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from harness.common.errors import HarnessError
+from harness.common.interrupts import raise_if_interrupted
 from harness.common.keyvalue import as_flags, program_name
 from harness.common.paths import require_regular_file
 from harness.job.resume import config_hash, index_result
@@ -164,6 +165,7 @@ def log_run(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
         digest = config_hash(result.config, result.identity.backend)
         return log_result(result, run_dir, tracking, parent_run_id, digest)
     except Exception as exc:
+        raise_if_interrupted()  # Ctrl-C during logging, turned into another error on its way up: not a store failure
         warn_failure(tracking.uri, "logging", exc, Path(run_dir))
         return None
 
