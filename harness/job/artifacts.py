@@ -104,7 +104,8 @@ def _size_and_time(path: Path) -> tuple[str, int, int]:
 
 def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
     """What determines routing and tokens besides the prompts and decode settings."""
-    identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint()}
+    identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint(),
+                                "expert_sum_order": cfg.model.expert_sum_order}
     if cfg.model.path is not None:
         checkpoint = Path(cfg.model.path).resolve()
         identity.update(weights=weights_at(checkpoint), checkpoint=str(checkpoint),
