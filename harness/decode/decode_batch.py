@@ -96,8 +96,9 @@ def decode_one(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, ho
         return diffusiongemma_generate(loaded.model, ids, settings.gen_length, settings.block_length,
                                        settings.steps, settings.seed, loaded.eos_ids, hook, prompt, first_global_step)
     cfg = loaded.model.config
-    return decode(loaded.model, ids, settings, cfg.mask_token_id, cfg.eos_token_id, new_cache=KVCache,
-                  on_forward=hook, prompt_index=prompt, first_global_step=first_global_step)
+    mine = settings.for_prompt(len(ids))  # gen_length trimmed to the prompt's bucket, if any
+    return decode(loaded.model, ids, mine, cfg.mask_token_id, cfg.eos_token_id, new_cache=KVCache, on_forward=hook,
+                  prompt_index=prompt, first_global_step=first_global_step)
 
 
 def encode_checked(loaded: LoadedModel, prompts: list[str], settings: DecodeSettings, what: str) -> list[list[int]]:

@@ -217,11 +217,11 @@ def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSetti
     if trace is None:
         trace, batch = record_trace(load(), cfg, prompts, settings, "workload")
         trace.save(path)
-        if load_reference(cfg.cache_dir, key, (len(prompts), settings.gen_length)) is None:
+        if load_reference(cfg.cache_dir, key, settings.reference_shape(len(prompts))) is None:
             store_reference(cfg.cache_dir, key, [o.generated for o in batch.outputs], model_identity(cfg))
     return trace, path
 
 
 def reference_tokens(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
     key = artifact_key(cfg, settings, prompts)
-    return key, load_reference(cfg.cache_dir, key, (len(prompts), settings.gen_length))
+    return key, load_reference(cfg.cache_dir, key, settings.reference_shape(len(prompts)))

@@ -75,7 +75,7 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         calibration = calibration_trace(cfg, settings, model, execution.backend)
     # a device's reference is computed by its own kernels: CPU kernels round differently
     ref_key = execution.cache_key(artifact_key(cfg, settings, prompts))
-    reference = load_reference(cfg.cache_dir, ref_key, (len(prompts), settings.gen_length))
+    reference = load_reference(cfg.cache_dir, ref_key, settings.reference_shape(len(prompts)))
     if reference is None and setup.system.name != "gpu_only":
         reference = execution.reference_tokens(loaded, setup.cost, prompts, settings)
         store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
