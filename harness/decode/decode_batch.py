@@ -34,6 +34,7 @@ from harness.placement.steps import StepInfo
 class DecodeBatch:
     outputs: list[DecodeOutput]
     wall_s: float
+    requested_tokens: int = 0  # each prompt's gen_length (after decode.gen_length_bucket), summed
 
     @property
     def generated_tokens(self) -> int:
@@ -83,7 +84,8 @@ def decode_prompts(
         outputs.append(out)
         bar.update(1)
     bar.close()
-    return DecodeBatch(outputs, time.perf_counter() - start)
+    requested = sum(settings.for_prompt(len(ids)).gen_length for ids in encoded)
+    return DecodeBatch(outputs, time.perf_counter() - start, requested)
 
 
 def decode_one(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, hook: OnForward, prompt: int,

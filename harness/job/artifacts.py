@@ -145,7 +145,7 @@ def record_trace(loaded: LoadedModel, cfg: HarnessConfig, prompts: list[str], se
 def describe_batch(trace: RoutingTrace, batch: DecodeBatch) -> None:
     """What replay needs to turn modeled seconds into tokens/s."""
     trace.meta.update(prompts=len(batch.outputs), generated_tokens=batch.generated_tokens,
-                      denoise_steps=batch.denoise_steps)
+                      denoise_steps=batch.denoise_steps, requested_tokens=batch.requested_tokens)
     if batch.decode_steps:  # an autoregressive family
         trace.meta["decode_steps"] = batch.decode_steps
 

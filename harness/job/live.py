@@ -106,7 +106,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         calibration.save(run_dir / "calibration.npz")
 
     counts = {"prompts": len(prompts), "generated_tokens": batch.generated_tokens,
-              "denoise_steps": batch.denoise_steps, "routed_tokens": batch.routed_tokens}
+              "requested_tokens": batch.requested_tokens, "denoise_steps": batch.denoise_steps,
+              "routed_tokens": batch.routed_tokens}
     if batch.decode_steps:  # an autoregressive family
         counts["decode_steps"] = batch.decode_steps
     clock = {"wall_s": batch.wall_s, "load_s": load_s,
