@@ -9,7 +9,8 @@ asks only whether each load is cheaper on the CPU than copied; tide (tau fixed o
 never asks, and with tau=auto only through tau*. When a replay's key equals one already
 replayed, the placement outcomes recorded then are charged again by the new cost model
 (harness/sensitivity/recharge.py), which gives the replay's result without planning
-anything; a test holds the two to the same bits. Every other system is replayed in full each time.
+anything; a test holds the two to the same bits. A new key after the job's own 1x replay is only
+planned (no ledger) and charged by the re-charge. Every other system is replayed in full each time.
 """
 
 from __future__ import annotations
