@@ -39,8 +39,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
+from harness.accounting.bitsets import pack, unpack
 from harness.common.errors import HarnessError
 
 if TYPE_CHECKING:
@@ -133,7 +135,8 @@ class RefreshWindows:
         self._by_tau: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self._every = torch.cat(self.loads)
         self.top = int(self._every.max()) if self._every.numel() else 0
-        self._seconds: dict[tuple[Any, ...], torch.Tensor] = {}  # bounded: SECONDS_KEPT entries
+        self._seconds: dict[tuple[Any, ...], torch.Tensor] = {}  # distinct rows' sums, bounded: SECONDS_KEPT
+        self._rows: DistinctRows | None = None
         self._per_expert: dict[bool, tuple[bytes, torch.Tensor]] = {}
 
     def refresh(self, resident: torch.Tensor, block: int, step: int) -> torch.Tensor:
@@ -166,22 +169,65 @@ class RefreshWindows:
     def layer_seconds(self, tau: int, table: torch.Tensor, on_gpu: bool) -> torch.Tensor:
         """float64 [S, L]: per step and layer, the summed seconds (`table` by load) of the
         routed experts it serves on the GPU (on_gpu) or misses (else), refreshing every tau
-        steps. Kept by the table's values: a cost model that changes only the other device or
-        the link reuses them."""
-        key = (tau, on_gpu, table[: self.top + 1].numpy().tobytes())
+        steps. Each sum is the torch sum of the layer's row of where(served, seconds, 0)
+        (misses: where(served, 0, seconds)); a row depends only on the step, the layer and
+        which routed experts are served, so it is summed once for every tau that serves the
+        same (`DistinctRows`), and kept by the table's values: a cost model that changes
+        only the other device or the link reuses them."""
+        rows = self._distinct_rows(tau)
+        key = (on_gpu, table[: self.top + 1].numpy().tobytes())
         if key not in self._seconds:
             per = self._per_expert.get(on_gpu)
-            if per is None or per[0] != key[2]:  # one [S, L, E] table per device: the last one asked for
-                per = self._per_expert[on_gpu] = (key[2], torch.where(self._every > 0, table[self._every], 0.0))
-            serving = self.at(tau)[0]
-            self._seconds[key] = (torch.where(serving, per[1], 0.0) if on_gpu else
-                                  torch.where(serving, 0.0, per[1])).sum(-1)
+            if per is None or per[0] != key[1]:  # one [S, L, E] table per device: the last one asked for
+                per = self._per_expert[on_gpu] = (key[1], torch.where(self._every > 0, table[self._every], 0.0))
+            self._seconds[key] = rows.sums(per[1], on_gpu)
             while len(self._seconds) > SECONDS_KEPT:
                 self._seconds.pop(next(iter(self._seconds)))
-        return self._seconds[key]
+        return self._seconds[key][rows.inverse[tau - 1]].reshape(self._every.shape[:2])
+
+    def _distinct_rows(self, tau: int) -> DistinctRows:
+        """The distinct (step, layer, served experts) rows of taus 1..max(tau, longest block)."""
+        taus = max(tau, max(loads.shape[0] for loads in self.loads))
+        if self._rows is None or self._rows.taus < taus:
+            self._rows = DistinctRows([self.at(t)[0] for t in range(1, taus + 1)], self._every > 0)
+            self._seconds.clear()
+        return self._rows
 
 
-SECONDS_KEPT = 512  # [steps, layers] sums kept per calibration trace
+class DistinctRows:
+    """The (step, layer) rows of TIDE's residency for taus 1..T (bool [S, L, E] each), as
+    the distinct (row, served routed experts) pairs: most taus serve a given step from the
+    same refresh (with a full top-B target a refresh leaves exactly the target), so there
+    are a few times fewer distinct rows than T x S x L, and each is summed once."""
+
+    CHUNK = 8192  # rows gathered at a time: bounds the [rows, E] float64 temporaries
+
+    def __init__(self, serving: list[torch.Tensor], routed: torch.Tensor) -> None:
+        self.taus = len(serving)
+        n_experts = routed.shape[-1]
+        n_rows = routed.shape[0] * routed.shape[1]
+        words = np.stack([pack((held & routed).reshape(n_rows, n_experts).numpy()) for held in serving])
+        keyed = np.concatenate([np.broadcast_to(np.arange(n_rows)[None, :, None], (*words.shape[:2], 1)),
+                                words.view(np.int64)], -1).reshape(self.taus * n_rows, -1)
+        _, first, inverse = np.unique(keyed, axis=0, return_index=True, return_inverse=True)
+        self.inverse = torch.from_numpy(inverse.reshape(self.taus, n_rows))
+        self.rows = torch.from_numpy(first % n_rows)  # each distinct row's (step, layer), flattened
+        self.served = torch.from_numpy(unpack(words.reshape(self.taus * n_rows, -1)[first], n_experts))
+
+    def sums(self, per_expert: torch.Tensor, on_gpu: bool) -> torch.Tensor:
+        """float64 [distinct rows]: the torch sum of each row of per_expert [S, L, E] over its
+        served (on_gpu) or other experts, the rest as 0.0, as `layer_seconds` defines them."""
+        flat = per_expert.reshape(-1, per_expert.shape[-1])
+        out = torch.empty(len(self.rows), dtype=torch.float64)
+        for first in range(0, len(self.rows), self.CHUNK):
+            part = slice(first, first + self.CHUNK)
+            values, served = flat[self.rows[part]], self.served[part]
+            kept = torch.where(served, values, 0.0) if on_gpu else torch.where(served, 0.0, values)
+            out[part] = kept.sum(-1)
+        return out
+
+
+SECONDS_KEPT = 16  # tables whose distinct rows' sums are kept per calibration trace
 
 
 class RefreshReplay:

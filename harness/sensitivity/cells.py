@@ -29,10 +29,11 @@ class CellResult:
 
 
 def cell_speeds(replayers: dict[str, JobReplayer], hw: HardwareConfig, constant: str,
-                labels: Sequence[str] | None = None, memo: dict[tuple[str, float], float] | None = None
+                labels: Sequence[str] | None = None, memo: dict[tuple[str, str], float] | None = None
                 ) -> Callable[[float], Speeds]:
     """factor -> the tokens/s of every system (or of `labels`) with `constant` scaled by it
-    (memoised per system in `memo`; a job that cannot depend on the constant keeps its 1x
+    (memoised per system and profile in `memo`, which the cell's constants share: 1x is
+    the same profile for each; a job that cannot depend on the constant keeps its 1x
     figure)."""
     memo = {} if memo is None else memo
     chosen = list(labels) if labels is not None else list(replayers)
@@ -41,9 +42,11 @@ def cell_speeds(replayers: dict[str, JobReplayer], hw: HardwareConfig, constant:
         replayer = replayers[label]
         if factor != 1.0 and replayer.never_uses(part_of(constant)):
             factor = 1.0
-        if (label, factor) not in memo:
-            memo[label, factor] = replayer.tokens_per_s(scaled(hw, constant, factor))
-        return memo[label, factor]
+        profile = scaled(hw, constant, factor)
+        key = (label, repr(profile))  # every field, floats to the bit
+        if key not in memo:
+            memo[key] = replayer.tokens_per_s(profile)
+        return memo[key]
 
     return lambda factor: {label: one(label, factor) for label in chosen}
 
@@ -56,8 +59,8 @@ def analyse_cell(name: str, replayers: dict[str, JobReplayer], recorded: Speeds,
     chosen = list(constants) if constants else constants_for(hw)
     contenders = [label for label in replayers if label not in roles.references]
     results = []
+    memo: dict[tuple[str, str], float] = {}  # the bisections' probes reuse the grid's figures, constants 1x
     for c in chosen:
-        memo: dict[tuple[str, float], float] = {}  # the bisections' probes reuse the grid's figures
         results.append(analyse_constant(c, factors, cell_speeds(replayers, hw, c, memo=memo), roles, margin_move,
                                         tolerance, cell_speeds(replayers, hw, c, contenders, memo)))
     base = results[0].grid[1.0] if results else {k: r.tokens_per_s(hw) for k, r in replayers.items()}

@@ -7,7 +7,7 @@ non-expert seconds, the clock). `PreparedOutcomes` does the first part once for 
 replay's outcomes, so that each profile costs a table lookup per expert, the ordered sums
 and the compiled clock. It computes every float as `Ledger.charge` does, in the same
 order, over all forwards as one batch (which the ledger's own batching never changes), so
-`modeled_seconds` is the ledger's `modeled_time_s` to the bit; tests/test_sensitivity.py
+`modeled_seconds` is the ledger's `modeled_time_s` to the bit; tests/unit/test_sensitivity.py
 holds it to full replays.
 """
 

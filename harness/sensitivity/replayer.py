@@ -9,7 +9,8 @@ asks only whether each load is cheaper on the CPU than copied; tide (tau fixed o
 never asks, and with tau=auto only through tau*. When a replay's key equals one already
 replayed, the placement outcomes recorded then are charged again by the new cost model
 (harness/sensitivity/recharge.py), which gives the replay's result without planning
-anything; a test holds the two to the same bits. Every other system is replayed in full each time.
+anything; a test holds the two to the same bits. A new key after the job's own 1x replay is only
+planned (no ledger) and charged by the re-charge. Every other system is replayed in full each time.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from harness.placement.steps import StepInfo
 from harness.placement.system import System
 from harness.placement.trace import RoutingTrace
 from harness.sensitivity.recharge import PreparedOutcomes
-from harness.traces.batch_replay import replay_trace
+from harness.traces.batch_replay import batch_refusal, planned_chunks, replay_trace
 from systems.registry import system_from_config
 
 Charge = tuple[list[StepInfo], list[tuple[int, int]], LayerOutcomes]
@@ -88,6 +89,7 @@ class JobReplayer:
         self._recorded: dict[Hashable, PreparedOutcomes] = {}
         self._busy: dict[str, float] | None = None  # CPU and link use at the job's own profile
         self.replays = self.recharges = 0
+        self.planned = 0  # replays that only planned (no ledger): their outcomes charged by the re-charge
 
     def tokens_per_s(self, hw: HardwareConfig) -> float:
         modeled = self.modeled_seconds(hw)
@@ -104,21 +106,31 @@ class JobReplayer:
         if key_fn is not None and key in self._recorded:
             self.recharges += 1
             return self._recorded[key].modeled_seconds(cost)
+        self.replays += 1
+        if key_fn is not None and self._busy is not None and batch_refusal(engine, spec.trace) is None:
+            # decisions only: the ledger's charge of a full replay is what the re-charge
+            # computes again, so it is done once, by the re-charge
+            self.planned += 1
+            prepared = self._keep(key, _planned(engine, spec.trace, spec.loads), engine.ledger)
+            return prepared.modeled_seconds(cost)
         charges: list[Charge] = []
         if key_fn is not None:
             _record_charges(engine.ledger, charges, spec.loads)
         replay_trace(engine, spec.trace)
-        self.replays += 1
         figures = engine.ledger.figures()
         if key_fn is not None:
-            ledger = engine.ledger
-            while len(self._recorded) >= KEPT_OUTCOMES:  # the oldest goes: outcomes of a long trace take GBs
-                self._recorded.pop(next(iter(self._recorded)))
-            self._recorded[key] = PreparedOutcomes(charges, ledger.n_layers, ledger.overlap, ledger.pipeline_slots,
-                                                   spec.loads)
+            self._keep(key, charges, engine.ledger)
         if self._busy is None and hw == spec.hardware:
             self._busy = {"cpu": figures["busy_cpu_experts_s"], "link": figures["busy_copies_s"]}
         return figures["modeled_time_s"]
+
+    def _keep(self, key: Hashable, charges: list[Charge], ledger: Ledger) -> PreparedOutcomes:
+        """Keep a replay's outcomes under its decision key, ready to be charged again."""
+        while len(self._recorded) >= KEPT_OUTCOMES:  # the oldest goes: outcomes of a long trace take GBs
+            self._recorded.pop(next(iter(self._recorded)))
+        prepared = PreparedOutcomes(charges, ledger.n_layers, ledger.overlap, ledger.pipeline_slots, self.spec.loads)
+        self._recorded[key] = prepared
+        return prepared
 
     def never_uses(self, part: str) -> bool:
         """Whether the job, as it decided at its own profile, never used the CPU ("cpu") or
@@ -153,6 +165,19 @@ def _record_charges(ledger: Ledger, charges: list[Charge], loads: np.ndarray) ->
         charges.append((list(steps), list(sizes), kept))
 
     ledger.charge = recording  # type: ignore[method-assign]
+
+
+def _planned(engine: OffloadEngine, trace: RoutingTrace, loads: np.ndarray) -> list[Charge]:
+    """The system's outcomes over the trace, chunk by chunk, as `_record_charges` keeps a
+    full replay's (copies of the masks, the loads as views of `loads`)."""
+    charges: list[Charge] = []
+    first = 0
+    for steps, sizes, out in planned_chunks(engine, trace, loads):
+        n, m = out.loads.shape[:2]
+        masks = {f.name: _copy(getattr(out, f.name)) for f in fields(LayerOutcomes) if f.name != "loads"}
+        charges.append((list(steps), list(sizes), LayerOutcomes(loads=loads[first : first + n, :m], **masks)))
+        first += n
+    return charges
 
 
 def _copy(value: Any) -> Any:

@@ -7,12 +7,15 @@ so `engine.summary()` and the system's `report()` read the same, to the bit
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from harness.accounting.bitsets import as_sets
+from harness.accounting.ledger import LayerOutcomes
 from harness.engine.engine import OffloadEngine
+from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
 from systems.registry import REGISTRY, entry_of
 
@@ -49,24 +52,37 @@ def batch_refusal(engine: OffloadEngine, trace: RoutingTrace) -> str | None:
 
 def batch_replay(engine: OffloadEngine, trace: RoutingTrace) -> dict[str, Any]:
     """`engine.replay(trace)` for an engine whose system plans in batch."""
+    engine.ledger.flush()
+    for steps, sizes, outcomes in planned_chunks(engine, trace):
+        engine.ledger.charge(steps, sizes, outcomes)
+    return engine.summary()
+
+
+def planned_chunks(engine: OffloadEngine, trace: RoutingTrace, loads: np.ndarray | None = None
+                   ) -> Iterator[tuple[list[StepInfo], list[tuple[int, int]], LayerOutcomes]]:
+    """What the system decides for `trace`, chunk after chunk of forwards, in order: (steps,
+    (tokens, context) per forward, outcomes), without charging anything (`batch_replay`
+    charges each chunk; the sensitivity analysis keeps them to charge under other profiles).
+    `loads`: the trace's loads as int64 [S, L, E] when the caller has them; the engine's
+    residency ends as the replay leaves it."""
     refusal = batch_refusal(engine, trace)
     if refusal is not None:
         raise ValueError(f"no batch replay: {refusal}")
     planner = entry_of(engine.system).planner(engine.system, engine.resident, engine.n_experts)
-    loads = trace.loads.numpy().astype(np.int64)
+    if loads is None:
+        loads = trace.loads.numpy().astype(np.int64)
     if loads.size and int(loads.min()) < 0:
         raise ValueError("the trace holds negative expert loads")
     top_k = engine.geometry.num_experts_per_tok
     chunk = max(1, CHUNK_ELEMENTS // max(1, engine.n_layers * engine.n_experts))
-    engine.ledger.flush()
     for first in range(0, len(trace), chunk):
         last = min(first + chunk, len(trace))
         steps = trace.steps[first:last]
         outcomes = planner.plan(loads[first:last], steps)
-        sizes = [trace.forward_size(s, top_k) for s in range(first, last)]
-        engine.ledger.charge(steps, sizes, outcomes)
+        yield steps, [trace.forward_size(s, top_k) for s in range(first, last)], outcomes
     engine.resident = as_sets(planner.residency())
-    return engine.summary()
+
+
 def summary_differences(expected: dict[str, Any], actual: dict[str, Any], rel: float = 1e-9) -> list[str]:
     """Keys where two summaries disagree (a step as 'step_series[i].key'): ints and strings
     exactly, floats to `rel` relative."""

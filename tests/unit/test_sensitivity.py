@@ -135,6 +135,9 @@ VARIANTS = {"gpu_only": ("gpu_only", {}), "mixtral_offload": ("mixtral_offload",
             "tide": ("tide", {}), "tide-sequential": ("tide", {"overlap": False}), "tide-3": ("tide", {"tau": "3"})}
 
 
+PLANNED = ("fiddler", "tide", "tide-sequential")  # their decision keys change over the profiles below
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_recharges_give_the_bits_of_full_replays(variant):
     mini = LLaDA2Config.published("llada2_mini")
@@ -144,9 +147,12 @@ def test_recharges_give_the_bits_of_full_replays(variant):
     shortcut = JobReplayer(JobSpec(system_config(name, options), mini, 64, "per_layer", hw, trace, trace, 8, 64))
     full = JobReplayer(JobSpec(system_config(name, options), mini, 64, "per_layer", hw, trace, trace, 8, 64), False)
     profiles = [hw, scaled(hw, "cpu_tflops", 3.0), scaled(hw, "pcie_gbps", 0.3), scaled(hw, "gpu_hbm_gbps", 2.0),
-                scaled(hw, "cpu_tflops", 3.0)]
+                scaled(hw, "cpu_tflops", 3.0), scaled(hw, "cpu_tflops", 0.05), scaled(hw, "pcie_gbps", 30.0),
+                scaled(hw, "pcie_gbps", 0.01)]
     assert [shortcut.modeled_seconds(p) for p in profiles] == [full.modeled_seconds(p) for p in profiles]
     assert full.recharges == 0 and shortcut.recharges >= 1  # the shortcut was taken at least once
+    if variant in PLANNED:  # a new decision key was planned without the ledger and charged by the re-charge
+        assert shortcut.planned >= 1
 
 
 # ---- the command on a small sweep -------------------------------------------------------------

@@ -241,3 +241,23 @@ def test_the_precomputed_replay_charges_exactly_what_a_step_by_step_replay_charg
     replay = RefreshReplay(blocks, 16, COST)
     for tau in (1, 2, 3, 5, 16):
         assert replay.run(tau, overlap)[2] == charged_step_by_step(blocks, 16, tau, overlap)  # bit for bit
+
+
+def test_layer_seconds_summed_once_per_distinct_row_equal_the_full_sums_bit_for_bit():
+    """`RefreshWindows.layer_seconds` sums each distinct (step, layer, served experts) row once
+    for every tau; each tau's [S, L] must be the torch sum of where(served, seconds, 0) over
+    the whole [S, L, E] residency (misses: where(served, 0, seconds)), to the bit."""
+    from harness.bench import synthetic_trace
+    from systems.tide_tau import RefreshWindows, denoise_blocks
+
+    mini = LLaDA2Config.published("llada2_mini")
+    blocks = denoise_blocks(synthetic_trace(mini, steps=24, tokens=24, block=8, seed=4))
+    windows = RefreshWindows(blocks, 64)
+    every = torch.cat(windows.loads)
+    table = torch.linspace(1e-5, 9e-4, int(every.max()) + 1, dtype=torch.float64) ** 1.3  # no two loads alike
+    per = torch.where(every > 0, table[every], 0.0)
+    for tau in range(1, 12):
+        serving = windows.at(tau)[0]
+        assert torch.equal(windows.layer_seconds(tau, table, True), torch.where(serving, per, 0.0).sum(-1))
+        assert torch.equal(windows.layer_seconds(tau, table, False), torch.where(serving, 0.0, per).sum(-1))
+    assert windows._rows is not None and len(windows._rows.rows) < windows._rows.taus * per.shape[0] * per.shape[1]
