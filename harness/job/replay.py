@@ -148,7 +148,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
                            calibration=str(calibration_file) if calibration_file is not None else None)
     result = build_result(cfg, setup, engine, counts, clock, identity, trace)
     if served is not None:
-        result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.forwards))
+        result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.requests))
         result.flat_metrics()  # a key reported twice is an error now, before anything is written
     result.workload = workload
     return result  # run_job writes result.json
