@@ -153,7 +153,7 @@ def describe_batch(trace: RoutingTrace, batch: DecodeBatch) -> None:
         trace.meta["decode_steps"] = batch.decode_steps
 
 
-def _cached_trace(path: Path, stale: Stale | None = None) -> RoutingTrace | None:
+def cached_trace(path: Path, stale: Stale | None = None) -> RoutingTrace | None:
     if not path.exists():
         return None
     try:
@@ -194,7 +194,7 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
     """The calibration routing, cached per backend: a device decodes in its own dtype with
     its own kernels, so it routes (a little) differently from the host emulation."""
     path = calibration_path(cfg, settings, backend)
-    trace = _cached_trace(path)
+    trace = cached_trace(path)
     if trace is None:
         if settings.cache == "none":
             trace = derive_no_cache(calibration_trace(cfg, replace(settings, cache="prefix"), load, backend))
@@ -213,7 +213,7 @@ def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSetti
     out of date (recorded before the meta the caller needs existed) is recorded again."""
     key = artifact_key(cfg, settings, prompts)
     path = Path(cfg.cache_dir) / "traces" / f"{key}.npz"
-    trace = _cached_trace(path, stale)
+    trace = cached_trace(path, stale)
     if trace is None and settings.cache == "none":
         prefix, prefix_path = workload_trace(cfg, prompts, replace(settings, cache="prefix"), load, stale)
         trace = derive_no_cache(prefix)

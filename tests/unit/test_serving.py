@@ -9,6 +9,7 @@ import torch
 
 from harness.accounting.cost import CostModel, HardwareConfig
 from harness.common.errors import HarnessError
+from harness.job.artifacts import cached_trace
 from harness.job.replay import require_request_tokens
 from harness.model.config import LLaDA2Config
 from harness.placement.steps import StepInfo
@@ -145,6 +146,15 @@ def test_a_diffusion_trace_without_per_request_tokens_is_refused_in_one_line(tmp
     assert "\n" not in str(info.value) and "generated_per_prompt" in str(info.value)
     with pytest.raises(HarnessError, match="generated_per_prompt"):
         serving_figures([1.0] * 8, lockstep(trace, 2).requests)
+
+
+def test_a_cached_trace_without_per_request_tokens_is_recorded_again_when_served(tmp_path) -> None:
+    old, new = tmp_path / "old.npz", tmp_path / "new.npz"
+    diffusion_recording(None).save(old)
+    diffusion_recording().save(new)
+    assert cached_trace(old) is not None  # unbatched runs still read it
+    assert cached_trace(old, lacks_request_tokens) is None  # serving records it again
+    assert cached_trace(new, lacks_request_tokens).meta["generated_per_prompt"] == [5, 4, 1]
 
 
 def test_a_malformed_token_list_is_refused() -> None:
