@@ -34,6 +34,7 @@ from harness.placement.steps import StepInfo
 class DecodeBatch:
     outputs: list[DecodeOutput]
     wall_s: float
+    requested_tokens: int = 0  # each prompt's gen_length (after decode.gen_length_bucket), summed
 
     @property
     def generated_tokens(self) -> int:
@@ -83,7 +84,8 @@ def decode_prompts(
         outputs.append(out)
         bar.update(1)
     bar.close()
-    return DecodeBatch(outputs, time.perf_counter() - start)
+    requested = sum(settings.for_prompt(len(ids)).gen_length for ids in encoded)
+    return DecodeBatch(outputs, time.perf_counter() - start, requested)
 
 
 def decode_one(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, hook: OnForward, prompt: int,
@@ -96,8 +98,9 @@ def decode_one(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, ho
         return diffusiongemma_generate(loaded.model, ids, settings.gen_length, settings.block_length,
                                        settings.steps, settings.seed, loaded.eos_ids, hook, prompt, first_global_step)
     cfg = loaded.model.config
-    return decode(loaded.model, ids, settings, cfg.mask_token_id, cfg.eos_token_id, new_cache=KVCache,
-                  on_forward=hook, prompt_index=prompt, first_global_step=first_global_step)
+    mine = settings.for_prompt(len(ids))  # gen_length trimmed to the prompt's bucket, if any
+    return decode(loaded.model, ids, mine, cfg.mask_token_id, cfg.eos_token_id, new_cache=KVCache, on_forward=hook,
+                  prompt_index=prompt, first_global_step=first_global_step)
 
 
 def encode_checked(loaded: LoadedModel, prompts: list[str], settings: DecodeSettings, what: str) -> list[list[int]]:

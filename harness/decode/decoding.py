@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -43,7 +43,10 @@ class DecodeSettings:
     temperature: float = 0.0
     cache: str = "prefix"  # prefix: cache finished blocks' K/V | none: recompute the window each step
     eos_early_stop: bool = True
-    seed: int = 0
+    seed: int = 0  # temperature > 0: each prompt's sampler is seeded with it (prompt order never matters)
+    # N > 0: each prompt generates gen_length trimmed so that prompt + generation is a multiple of N,
+    # as the reference evaluation's buckets (eval_dinfer.py, bucket_size 32); 0: gen_length for all
+    gen_length_bucket: int = 0
 
     def __post_init__(self) -> None:
         """Range and choice checks; each failure is one line naming the key and what is allowed."""
@@ -65,6 +68,26 @@ class DecodeSettings:
                  f"{MAX_TEMPERATURE} (below, logits / temperature overflow; above, sampling is uniform)")
         _require(0 <= self.seed <= 2**63 - 1, f"decode.seed={self.seed} must be in [0, 2**63-1]")
         _require(self.cache in CACHE_MODES, f"decode.cache={self.cache!r} is not allowed; use prefix or none")
+        _require(self.gen_length_bucket >= 0,
+                 f"decode.gen_length_bucket={self.gen_length_bucket} must be >= 0 (0 = no trimming; the reference "
+                 "evaluation uses 32)")
+        _require(self.gen_length_bucket <= self.gen_length,
+                 f"decode.gen_length_bucket={self.gen_length_bucket} exceeds decode.gen_length={self.gen_length}: a "
+                 "prompt could be left nothing to generate; use a bucket of at most gen_length, or 0")
+
+    def reference_shape(self, n_prompts: int) -> tuple[int, int, int]:
+        """(prompts, longest, shortest) generation of a decode's token table (lossless.py)."""
+        shortest = self.gen_length - self.gen_length_bucket + 1 if self.gen_length_bucket else self.gen_length
+        return n_prompts, self.gen_length, shortest
+
+    def for_prompt(self, prompt_tokens: int) -> DecodeSettings:
+        """The settings one prompt decodes with: with a bucket N, gen_length becomes
+        floor((prompt + gen_length) / N) * N - prompt (at least gen_length - N + 1), as the
+        reference evaluation pads (the bucket then spent: 0); else these settings."""
+        if not self.gen_length_bucket:
+            return self
+        n = self.gen_length_bucket
+        return replace(self, gen_length=(prompt_tokens + self.gen_length) // n * n - prompt_tokens, gen_length_bucket=0)
 
 
 def _require(ok: bool, message: str) -> None:

@@ -79,6 +79,7 @@ def load_model(model_cfg: ModelConfig, cache_dir: str | Path) -> LoadedModel:
         path = ensure_weights(model_cfg.name, Path(cache_dir) / "proxies", model_cfg.proxy_seed, kind)
         weights = RESULT_WEIGHTS[kind]
     model = from_pretrained(path, model_cfg.dtype)
+    model.set_expert_sum_order(model_cfg.expert_sum_order)
     return LoadedModel(model, load_tokenizer(path), weights, path, nominal_geometry(model_cfg))
 
 

@@ -63,10 +63,12 @@ def tokens_digest(tokens: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
 
 
-def load_reference(cache_dir: str | Path, key: str, shape: tuple[int, int] | None = None) -> list[list[int]] | None:
+def load_reference(cache_dir: str | Path, key: str, shape: tuple[int, ...] | None = None) -> list[list[int]] | None:
     """The cached reference tokens of `key`, or None when there are none or the entry does
     not match: another key, a digest that does not match its tokens (a damaged file), or
-    not `shape` = (prompts, gen_length) lists of ids. A None is recomputed, never compared."""
+    not `shape` = (prompts, gen_length[, shortest]) lists of ids (rows of gen_length ids, or of
+    shortest to gen_length when decode.gen_length_bucket trims each prompt's generation). A
+    None is recomputed, never compared."""
     path = reference_path(cache_dir, key)
     if file_kind(path) != "file":
         return None  # missing, or something write_atomic will replace with the real entry
@@ -82,12 +84,15 @@ def load_reference(cache_dir: str | Path, key: str, shape: tuple[int, int] | Non
     return tokens
 
 
-def _is_token_table(tokens: Any, shape: tuple[int, int] | None) -> bool:
+def _is_token_table(tokens: Any, shape: tuple[int, ...] | None) -> bool:
     if not isinstance(tokens, list) or not all(isinstance(row, list) for row in tokens):
         return False
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for row in tokens for t in row):
         return False
-    return shape is None or (len(tokens) == shape[0] and all(len(row) == shape[1] for row in tokens))
+    if shape is None:
+        return True
+    n, longest, shortest = (*shape, shape[-1])[:3]
+    return len(tokens) == n and all(shortest <= len(row) <= longest for row in tokens)
 
 
 def store_reference(cache_dir: str | Path, key: str, tokens: list[list[int]], meta: dict[str, Any]) -> Path:

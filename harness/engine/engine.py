@@ -33,7 +33,7 @@ of masks (or ids), a ledger that charges a batch of forwards at once, and compil
 loops (numba: `layer_rules`, the ledger's tallies and clock; float operations in order).
 
 Lossless: `run_experts` computes every routed expert with one call of
-`compute_routed_experts` in canonical order, so on one device every placement gives the
+`compute_routed_experts` in the fixed order the MoE layer gave, so on one device every placement gives the
 bits of gpu_only; placement changes only what is charged.
 """
 

@@ -18,7 +18,7 @@ delaying it:
    is about to use (sync fetches, scratch copies, earlier async fetches and prefetches
    not yet waited on), then computes them into rows of a [T*K, H] buffer;
 4. join: the CPU rows are copied into the same buffer; `combine` sums each token's rows
-   in the canonical order once.
+   in the MoE layer's fixed order once.
 
 Every routed (token, expert) row is computed exactly once, by the side the plan named,
 with the expert's full token set, so on one device (the CPU stand-in) the layer output is
@@ -54,7 +54,6 @@ from harness.model.experts import (
     expert_load,
     group_by_expert,
     row_dtype,
-    sort_by_expert,
     weighted_expert_outputs,
 )
 from harness.model.llada2 import LLaDA2Model
@@ -190,7 +189,7 @@ class HybridExecutor:
         hint_fn: HintFn | None,
     ) -> torch.Tensor:
         rt, engine = self.runtime, self.engine
-        idx, w = sort_by_expert(topk_idx, topk_w)  # the canonical order, as compute_routed_experts
+        idx, w = topk_idx, topk_w  # summed in the order the MoE layer gave, as compute_routed_experts
         # the layer's one wait for the device: the plan needs the routing on the host; the
         # grouping of rows by expert is then computed there too, so that launching the GPU
         # experts never waits for a `.tolist()` on the device

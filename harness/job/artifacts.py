@@ -106,7 +106,8 @@ def _size_and_time(path: Path) -> tuple[str, int, int]:
 
 def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
     """What determines routing and tokens besides the prompts and decode settings."""
-    identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint()}
+    identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint(),
+                                "expert_sum_order": cfg.model.expert_sum_order}
     if cfg.model.path is not None:
         checkpoint = Path(cfg.model.path).resolve()
         identity.update(weights=weights_at(checkpoint), checkpoint=str(checkpoint),
@@ -146,7 +147,7 @@ def record_trace(loaded: LoadedModel, cfg: HarnessConfig, prompts: list[str], se
 def describe_batch(trace: RoutingTrace, batch: DecodeBatch) -> None:
     """What replay needs to turn modeled seconds into tokens/s."""
     trace.meta.update(prompts=len(batch.outputs), generated_tokens=batch.generated_tokens,
-                      denoise_steps=batch.denoise_steps)
+                      denoise_steps=batch.denoise_steps, requested_tokens=batch.requested_tokens)
     # each request's own count, for lock-step serving's time per output token (harness/traces/serving.py)
     trace.meta[PER_PROMPT_TOKENS] = [o.n_generated for o in batch.outputs]
     if batch.decode_steps:  # an autoregressive family
@@ -222,11 +223,11 @@ def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSetti
     if trace is None:
         trace, batch = record_trace(load(), cfg, prompts, settings, "workload")
         trace.save(path)
-        if load_reference(cfg.cache_dir, key, (len(prompts), settings.gen_length)) is None:
+        if load_reference(cfg.cache_dir, key, settings.reference_shape(len(prompts))) is None:
             store_reference(cfg.cache_dir, key, [o.generated for o in batch.outputs], model_identity(cfg))
     return trace, path
 
 
 def reference_tokens(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str]) -> tuple[str, list | None]:
     key = artifact_key(cfg, settings, prompts)
-    return key, load_reference(cfg.cache_dir, key, (len(prompts), settings.gen_length))
+    return key, load_reference(cfg.cache_dir, key, settings.reference_shape(len(prompts)))

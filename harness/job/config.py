@@ -107,6 +107,9 @@ class HarnessConfig:
         require(not (self.model.is_family and self.backend in ("cuda", "standin")),
                 f"backend={self.backend} executes LLaDA2 models only; model={self.model.name} (a transformers "
                 "family) runs with backend=cpu or auto (modeled timing)")
+        require(not (self.model.is_family and self.decode.gen_length_bucket),
+                f"decode.gen_length_bucket={self.decode.gen_length_bucket} trims LLaDA2 decodes as the LLaDA2 "
+                f"reference evaluation does; model={self.model.name} generates decode.gen_length tokens: drop it")
         if given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
             entry = REGISTRY[self.system.name]
             check_system_topology(entry.name, entry.multi_gpu, build_topology(self.topology))

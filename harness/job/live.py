@@ -75,7 +75,7 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         calibration = calibration_trace(cfg, settings, model, execution.backend)
     # a device's reference is computed by its own kernels: CPU kernels round differently
     ref_key = execution.cache_key(artifact_key(cfg, settings, prompts))
-    reference = load_reference(cfg.cache_dir, ref_key, (len(prompts), settings.gen_length))
+    reference = load_reference(cfg.cache_dir, ref_key, settings.reference_shape(len(prompts)))
     if reference is None and setup.system.name != "gpu_only":
         reference = execution.reference_tokens(loaded, setup.cost, prompts, settings)
         store_reference(cfg.cache_dir, ref_key, reference, model_identity(cfg))
@@ -106,7 +106,8 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         calibration.save(run_dir / "calibration.npz")
 
     counts = {"prompts": len(prompts), "generated_tokens": batch.generated_tokens,
-              "denoise_steps": batch.denoise_steps, "routed_tokens": batch.routed_tokens}
+              "requested_tokens": batch.requested_tokens, "denoise_steps": batch.denoise_steps,
+              "routed_tokens": batch.routed_tokens}
     if batch.decode_steps:  # an autoregressive family
         counts["decode_steps"] = batch.decode_steps
     clock = {"wall_s": batch.wall_s, "load_s": load_s,

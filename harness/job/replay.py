@@ -135,6 +135,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         "denoise_steps": meta_count(trace, "denoise_steps", path),
         "routed_tokens": sum(trace.n_tokens),
     }
+    if "requested_tokens" in trace.meta:  # traces recorded before 2026-12-02 lack it
+        counts["requested_tokens"] = meta_count(trace, "requested_tokens", path)
     if trace.meta.get("decode_steps"):  # an autoregressive family's recording
         counts["decode_steps"] = meta_count(trace, "decode_steps", path)
     if served is not None and "decode_steps" in counts:  # a batch's decode forward: a token of each request

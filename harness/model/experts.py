@@ -1,17 +1,20 @@
-"""Routed-expert computation in one canonical order, and the engine interface the MoE
-layer hands it to.
+"""Routed-expert computation in one fixed order, and the engine interface the MoE layer
+hands it to.
 
-Canonical order: every (token, expert) output is computed into its own row, then each
-token's outputs are summed in ascending expert id, left to right. The sum never depends
+Fixed order: every (token, expert) output is computed into its own row, then each token's
+outputs are summed left to right in the column order of `topk_idx`. The sum never depends
 on where or in which order the experts were computed, so whatever device a placement
 policy picks for an expert, the layer output on one device is bit-identical to running
-every expert in place (the lossless guarantee).
+every expert in place (the lossless guarantee). Which column order: the MoE layer decides
+(`model.expert_sum_order`, docs/model-and-decoding.md "Expert sum order"): `router`, the router's top-k
+order as the reference sums (the default), or `expert_id`, ascending expert id. Either is
+lossless: both are fixed before any placement decision.
 
 Precision, as the reference: the routing weights stay fp32, so a bf16 model's expert
 outputs are weighted and summed in fp32 (rows in the promoted dtype of activations and
-weights); the MoE layer casts the sum back to the activations' dtype. What still differs
-from the reference is only the order of the fp32 sum (ascending expert id here, the
-router's top-k order there).
+weights); the MoE layer casts the sum back to the activations' dtype. With small experts
+(proxies) the rows come from `gathered_expert_outputs`, a batched product that rounds a
+bf16 row differently from the reference's per-expert `F.linear` (docs/model-and-decoding.md).
 """
 
 from __future__ import annotations
@@ -59,8 +62,11 @@ def expert_load(topk_idx: torch.Tensor, n_experts: int) -> torch.Tensor:
     return torch.bincount(topk_idx.reshape(-1), minlength=n_experts)
 
 
+SUM_ORDERS = ("router", "expert_id")  # model.expert_sum_order
+
+
 def sort_by_expert(topk_idx: torch.Tensor, topk_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's k choices in ascending expert id: the canonical combine order."""
+    """Each token's k choices in ascending expert id (expert_sum_order=expert_id)."""
     idx, perm = topk_idx.sort(dim=-1, stable=True)
     return idx, topk_w.gather(-1, perm)
 
@@ -130,10 +136,10 @@ def combine(buffer: torch.Tensor, n_tokens: int, k: int) -> torch.Tensor:
 def compute_routed_experts(
     x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, experts: Sequence[ExpertWeights]
 ) -> torch.Tensor:
-    """sum_k w[t,k] * expert_{idx[t,k]}(x[t]) for every token t, in canonical order
-    (each token's experts by ascending id). x [T, H]; topk_idx [T, K]; topk_w [T, K].
+    """sum_k w[t,k] * expert_{idx[t,k]}(x[t]) for every token t, summed over k left to right
+    (the order the MoE layer gave). x [T, H]; topk_idx [T, K]; topk_w [T, K].
     The sum is in `row_dtype` (fp32 for a bf16 model with fp32 weights)."""
-    idx, w = sort_by_expert(topk_idx, topk_w)
+    idx, w = topk_idx, topk_w
     stacked = experts.stacked() if isinstance(experts, ExpertBank) else None
     rows = x.shape[0] * idx.shape[1]
     if stacked is not None and rows * stacked[0][0].numel() * 3 // 2 * x.element_size() <= GATHER_LIMIT_BYTES:

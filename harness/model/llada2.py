@@ -17,8 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness.common.errors import HarnessError
 from harness.model.config import LLaDA2Config
-from harness.model.experts import ExpertBank, ExpertEngine, ExpertWeights, LocalExperts, swiglu
+from harness.model.experts import (
+    SUM_ORDERS,
+    ExpertBank,
+    ExpertEngine,
+    ExpertWeights,
+    LocalExperts,
+    sort_by_expert,
+    swiglu,
+)
 
 
 class RMSNorm(nn.Module):
@@ -173,9 +182,12 @@ class MoE(nn.Module):
         )
         self.shared_experts = DenseMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.num_shared_experts)
         self.expert_weights: list[ExpertWeights] = []  # filled by `LLaDA2Model.refresh_expert_views`
+        self.sum_order = "router"  # LLaDA2Model.set_expert_sum_order
 
     def forward(self, x: torch.Tensor, engine: ExpertEngine, next_gate: Router | None) -> torch.Tensor:
         idx, w = self.gate(x)
+        if self.sum_order == "expert_id":  # else the router's top-k order, as the reference sums
+            idx, w = sort_by_expert(idx, w)
 
         def hint() -> torch.Tensor:  # next layer's gate on this layer's input: predicted loads
             assert next_gate is not None
@@ -220,6 +232,13 @@ class LLaDA2Model(nn.Module):
         for layer in self.model.layers:
             if isinstance(layer.mlp, MoE):
                 layer.mlp.expert_weights = ExpertBank(m.weights() for m in layer.mlp.experts)
+
+    def set_expert_sum_order(self, order: str) -> None:
+        """The order each token's routed outputs are summed in (docs/model-and-decoding.md "Expert sum order")."""
+        if order not in SUM_ORDERS:
+            raise HarnessError(f"model.expert_sum_order={order!r} is not allowed; use one of {', '.join(SUM_ORDERS)}")
+        for moe in self.moe_layers():
+            moe.sum_order = order
 
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from omegaconf import MISSING
 
 from harness.common.checks import MAX_SEED, given, require
+from harness.model.experts import SUM_ORDERS
 
 LLADA2_NAMES = ("tiny", "mini", "flash")
 # transformers MoE families (harness/families/configs/<name>.json; tests/unit/test_families.py
@@ -26,6 +27,9 @@ class ModelConfig:
     dtype: str = "float32"  # float32 | bfloat16
     proxy_seed: int = 0
     weights: str = "random"  # proxies only: trained (harness/training) | random (seeded, expert bias balanced)
+    # LLaDA2 only: each token's routed outputs summed in the router's order (the reference's) or
+    # by ascending expert id; both lossless (docs/model-and-decoding.md "Expert sum order")
+    expert_sum_order: str = "router"
 
     def __post_init__(self) -> None:
         require(not given(self.name) or self.name in MODEL_NAMES,
@@ -36,6 +40,11 @@ class ModelConfig:
                 f"model.weights=trained has no recipe for model={self.name}; its proxy is random (balanced "
                 "routers): use model.weights=random or model.path=<checkpoint>")
         require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+        require(self.expert_sum_order in SUM_ORDERS, f"model.expert_sum_order={self.expert_sum_order!r} is not "
+                f"allowed; use one of {', '.join(SUM_ORDERS)}")
+        require(not (self.is_family and self.expert_sum_order != "router"),
+                f"model.expert_sum_order={self.expert_sum_order} applies to LLaDA2 models; model={self.name} sums its "
+                "experts as transformers' own experts code does: leave it at router")
         require(0 <= self.proxy_seed <= MAX_SEED, f"model.proxy_seed={self.proxy_seed} must be in [0, 2**63-1]")
 
     @property

@@ -85,16 +85,19 @@ def tau_flatness_markdown(records: list[Record]) -> str:
 
 
 def early_stop_markdown(records: list[Record]) -> str:
-    """Runs that decoded fewer tokens than prompts x gen_length (EOS early stop)."""
+    """Runs that decoded fewer tokens than they asked for (EOS early stop): requested_tokens,
+    or prompts x gen_length for a result that predates it."""
     lines = []
     for r in sorted(records, key=lambda r: (str(r.get("model")), r.get("gen_length") or 0, str(r.get("budget")),
                                             str(r.get("system")))):
         decoded, prompts, gen = r.get("generated_tokens"), r.get("prompts"), r.get("gen_length")
         if not all(isinstance(v, int | float) and not math.isnan(v) for v in (decoded, prompts, gen)):
             continue
-        if decoded < prompts * gen:
+        requested = r.get("requested_tokens")
+        asked = requested if isinstance(requested, int | float) and not math.isnan(requested) else prompts * gen
+        if decoded < asked:
             lines.append(f"- {r.get('model')} {gen}-{r.get('budget')} {r.get('system')}: decoded {decoded:g} of "
-                         f"{prompts * gen:g} tokens (stopped at EOS)")
+                         f"{asked:g} tokens (stopped at EOS)")
     if not lines:
         return ""
     return "\n## Decodes that stopped early at EOS (their tokens/s covers fewer tokens)\n\n" + "\n".join(lines) + "\n"

@@ -29,8 +29,8 @@ NOT_SETTING_KEYS = {"cache_dir", "show_text", "resume", "block", "backend", "tra
 SYSTEM_ORDER = [label for entry in REGISTRY.values() for label in entry.report_labels]
 
 RECORD_METRICS = ["tokens_per_s", "wall_tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
-                  "lossless", "token_match_rate", "experts_per_layer", "generated_tokens", "prompts",
-                  "ttft_s", "tpot_s"]
+                  "lossless", "token_match_rate", "experts_per_layer", "generated_tokens", "requested_tokens",
+                  "prompts", "ttft_s", "tpot_s"]
 
 # DALI's measures (harness/job/measures.py): every metric that starts with one of these,
 # for the run or one phase; a record keeps them apart (`measures`) for the report's section

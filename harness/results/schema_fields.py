@@ -166,6 +166,8 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "modeled_time_s": ("s (modeled)", _ENGINE, "the run's modeled time: the sum of the four time_* figures"),
     "prompts": ("prompts", _COUNTS, "prompts decoded"),
     "generated_tokens": ("tokens", _COUNTS, "decoded positions before each prompt's first EOS, summed"),
+    "requested_tokens": ("tokens", _COUNTS, "each prompt's gen_length (after decode.gen_length_bucket), summed; "
+                         "generated_tokens below it means EOS ended decodes early"),
     "denoise_steps": ("steps", _COUNTS, "denoising forwards"),
     "decode_steps": ("steps", _COUNTS, "autoregressive families only: decode forwards (one token each)"),
     "time_prefill_s": ("s (modeled)", _SECTION, "autoregressive families only: the prefill forwards' time"),

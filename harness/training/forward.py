@@ -1,7 +1,7 @@
 """A batched, differentiable forward of `LLaDA2Model` for training and bias calibration.
 
 The inference forward (harness/model/llada2.py) runs one sequence under inference mode
-and computes experts in the canonical order the lossless check needs. Training needs a
+and computes experts in the fixed order the lossless check needs. Training needs a
 batch and gradients, and speed: routed experts are computed by grouping the (token,
 expert) rows by expert into a padded [E, C, H] tensor and running one batched product per
 projection (C = the largest expert load of the batch). It uses the model's own modules

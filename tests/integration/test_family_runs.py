@@ -62,6 +62,8 @@ def test_a_family_replay_equals_its_live_run(proxy_cache: Path, tmp_path: Path) 
     (["model=qwen3_moe", "model.weights=trained"], "model.weights=trained has no recipe"),
     (["model=olmoe", "backend=standin"], "backend=standin executes LLaDA2 models only"),
     (["model=llama"], "model"),
+    (["model=olmoe", "decode.gen_length_bucket=32"], "decode.gen_length_bucket=32 trims LLaDA2 decodes"),
+    (["model=mixtral", "model.expert_sum_order=expert_id"], "model.expert_sum_order=expert_id applies to LLaDA2"),
 ])
 def test_bad_family_input_is_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(HarnessError, match=message) as info:

@@ -66,6 +66,8 @@ BAD_VALUES = [
     (["decode.temperature=-1"], "decode.temperature=-1.0 must be >= 0 (0 = argmax)"),
     (["decode.cache=maybe"], "decode.cache='maybe' is not allowed; use prefix or none"),
     (["model.dtype=fp8"], "model.dtype='fp8' is not allowed; use one of float32, bfloat16"),
+    (["model.expert_sum_order=sorted"], "model.expert_sum_order='sorted' is not allowed; use one of router, expert_id"),
+    (["decode.gen_length_bucket=64"], "decode.gen_length_bucket=64 exceeds decode.gen_length=32"),
     (["model.name=huge"], "model.name='huge' is not allowed; use one of tiny, mini, flash"),
     (["source=disk"], "source='disk' is not allowed; use live or trace"),
     (["limit_prompts=0"], "limit_prompts=0 must be positive or null"),

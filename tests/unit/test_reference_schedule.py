@@ -14,9 +14,12 @@ from tests.unit.test_decoding import EOS, MASK, ScriptedModel, settings
 
 
 def reference_generate(model, prompt: list[int], gen_length: int, block_length: int, steps: int,
-                       threshold: float, mask_id: int, eos_id: int) -> list[int]:
-    """A port of the reference loop (greedy, batch 1, eos_early_stop=False as in the paper's
-    evaluation): every step recomputes the whole window from position 0."""
+                       threshold: float, mask_id: int, eos_id: int, generator: torch.Generator | None = None
+                       ) -> list[int]:
+    """A port of the reference loop (batch 1, eos_early_stop=False as in the paper's
+    evaluation): every step recomputes the whole window from position 0. With a generator it
+    samples as the reference evaluation runs it (do_sample=True, temperature 0.0: no division,
+    so the softmax at temperature 1, one multinomial draw per position)."""
     steps = min(steps, gen_length)
     n_blocks = (len(prompt) + gen_length + block_length - 1) // block_length
     x = torch.full((n_blocks * block_length,), mask_id, dtype=torch.long)
@@ -30,7 +33,12 @@ def reference_generate(model, prompt: list[int], gen_length: int, block_length: 
             if not active.any():
                 break
             logits = model(x[:end], torch.arange(end), block_length)[-block_length:]
-            p, tok = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            probs = torch.softmax(logits.float(), dim=-1)
+            if generator is None:
+                p, tok = probs.max(dim=-1)
+            else:
+                tok = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+                p = probs.gather(-1, tok[:, None]).squeeze(-1)
             confidence = torch.where(active, p, torch.tensor(float("-inf")))
             high = confidence > threshold
             take = torch.zeros_like(active)
@@ -88,3 +96,45 @@ def test_steps_are_clamped_to_gen_length():
     out = decode(model, [1, 2], s, MASK, EOS)
     # 8 over 3 steps = 3, 3, 2: the block's 6 masked positions fill in two steps
     assert [r.tokens_unmasked for r in out.records] == [3, 3]
+
+
+def reference_bucket_gen_length(prompt_tokens: int, gen_length: int, bucket: int = 32) -> int:
+    """eval_dinfer.py's cal_bucket_len: prompt + generation trimmed down to a multiple of the bucket."""
+    return bucket * ((prompt_tokens + gen_length) // bucket) - prompt_tokens
+
+
+@pytest.mark.parametrize(("prompt_tokens", "gen", "want"),
+                         [(40, 256, 248), (64, 256, 256), (31, 32, 1), (1, 1024, 1023)])
+def test_the_bucket_trims_gen_length_as_the_reference_evaluation(prompt_tokens, gen, want):
+    s = DecodeSettings(gen_length=gen, gen_length_bucket=32)
+    assert s.for_prompt(prompt_tokens).gen_length == want == reference_bucket_gen_length(prompt_tokens, gen)
+    assert s.for_prompt(prompt_tokens).for_prompt(prompt_tokens) == s.for_prompt(prompt_tokens)  # idempotent
+    assert DecodeSettings(gen_length=gen).for_prompt(prompt_tokens).gen_length == gen  # no bucket: untouched
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix"])
+def test_sampled_and_bucketed_decode_equals_the_reference_evaluation_on_tiny(cache, tiny_model, tiny_tokenizer):
+    """The paper-setting experiments' decode: sampling at temperature 1 with a seeded generator
+    and gen_length trimmed to the bucket, token for token against the reference loop."""
+    cfg = tiny_model.config
+    for text in ("Reverse a linked list in place.", "Implement a queue using two stacks in Python."):
+        ids = tiny_tokenizer.encode(text)
+        gen = reference_bucket_gen_length(len(ids), 40, bucket=16)
+        expected = reference_generate(tiny_model, ids, gen, 16, 16, 0.95, cfg.mask_token_id, cfg.eos_token_id,
+                                      generator=torch.Generator().manual_seed(1234))
+        s = DecodeSettings(gen_length=40, block_length=16, steps=16, threshold=0.95, temperature=1.0, seed=1234,
+                           cache=cache, gen_length_bucket=16)
+        out = decode(tiny_model, ids, s.for_prompt(len(ids)), cfg.mask_token_id, cfg.eos_token_id, new_cache=KVCache)
+        assert len(out.generated) == gen < 40 and (len(ids) + gen) % 16 == 0
+        assert out.generated == expected
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"gen_length_bucket": -1}, "decode.gen_length_bucket=-1 must be >= 0"),
+    ({"gen_length": 16, "gen_length_bucket": 32}, "decode.gen_length_bucket=32 exceeds decode.gen_length=16"),
+])
+def test_a_bad_bucket_is_one_line(kwargs, needle):
+    from harness.common.errors import HarnessError
+
+    with pytest.raises(HarnessError, match=needle):
+        DecodeSettings(**kwargs)

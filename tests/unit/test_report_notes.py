@@ -31,6 +31,14 @@ def test_a_decode_short_of_prompts_times_gen_length_is_flagged():
     assert early_stop_markdown([record(generated_tokens=2048.0, prompts=8.0)]) == ""
 
 
+def test_a_bucket_trimmed_decode_is_judged_against_what_it_asked_for():
+    """decode.gen_length_bucket asks each prompt for fewer than gen_length tokens: a run that
+    decoded all of them did not stop at EOS, one short of requested_tokens did."""
+    assert early_stop_markdown([record(generated_tokens=1900.0, requested_tokens=1900.0, prompts=8.0)]) == ""
+    text = early_stop_markdown([record(generated_tokens=1762.0, requested_tokens=1900.0, prompts=8.0)])
+    assert "tide: decoded 1762 of 1900 tokens (stopped at EOS)" in text
+
+
 def test_replays_get_the_routing_statistics_of_their_trace_once_per_trace_and_b():
     records = [record(trace=str(GOLDEN_TRACE), experts=64, system=s) for s in ("tide", "fiddler")]
     records.append(record(trace=str(GOLDEN_TRACE), experts=64, routing={"B": 64}))  # a live run's own: skipped
