@@ -45,6 +45,7 @@ from harness.decode.lossless import load_reference, store_reference
 from harness.decode.workload import load_prompts
 from harness.job.hybrid_setup import all_gpu_engine, reference_key
 from harness.placement.trace import RoutingTrace, derive_no_cache
+from harness.traces.serving import PER_PROMPT_TOKENS
 from harness.training.proxy_cache import RESULT_WEIGHTS, corpus_for, weights_at, weights_dir
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from harness.job.config import HarnessConfig
 
 ModelLoader = Callable[[], "LoadedModel"]
+Stale = Callable[[RoutingTrace], bool]
 
 
 # the code that decides tokens and routing, relative to harness/ (see the module docstring)
@@ -146,17 +148,20 @@ def describe_batch(trace: RoutingTrace, batch: DecodeBatch) -> None:
     """What replay needs to turn modeled seconds into tokens/s."""
     trace.meta.update(prompts=len(batch.outputs), generated_tokens=batch.generated_tokens,
                       denoise_steps=batch.denoise_steps, requested_tokens=batch.requested_tokens)
+    # each request's own count, for lock-step serving's time per output token (harness/traces/serving.py)
+    trace.meta[PER_PROMPT_TOKENS] = [o.n_generated for o in batch.outputs]
     if batch.decode_steps:  # an autoregressive family
         trace.meta["decode_steps"] = batch.decode_steps
 
 
-def _cached_trace(path: Path) -> RoutingTrace | None:
+def cached_trace(path: Path, stale: Stale | None = None) -> RoutingTrace | None:
     if not path.exists():
         return None
     try:
-        return RoutingTrace.load(path)
+        trace = RoutingTrace.load(path)
     except HarnessError:
         return None  # a damaged cache entry is recorded again, never trusted
+    return None if stale is not None and stale(trace) else trace
 
 
 def calibration_prompts(cfg: HarnessConfig) -> list[str]:
@@ -190,7 +195,7 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
     """The calibration routing, cached per backend: a device decodes in its own dtype with
     its own kernels, so it routes (a little) differently from the host emulation."""
     path = calibration_path(cfg, settings, backend)
-    trace = _cached_trace(path)
+    trace = cached_trace(path)
     if trace is None:
         if settings.cache == "none":
             trace = derive_no_cache(calibration_trace(cfg, replace(settings, cache="prefix"), load, backend))
@@ -200,17 +205,18 @@ def calibration_trace(cfg: HarnessConfig, settings: DecodeSettings, load: ModelL
     return trace
 
 
-def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader
-                   ) -> tuple[RoutingTrace, Path]:
+def workload_trace(cfg: HarnessConfig, prompts: list[str], settings: DecodeSettings, load: ModelLoader,
+                   stale: Stale | None = None) -> tuple[RoutingTrace, Path]:
     """The gpu_only routing of the workload, recorded live on first use; its tokens are
     stored as the reference too, since they are the same decode. A no-cache trace is
     derived from the prefix-cached one (whose tokens are not stored as the no-cache
-    reference: a live no-cache run computes its own)."""
+    reference: a live no-cache run computes its own). A cached trace that `stale` calls
+    out of date (recorded before the meta the caller needs existed) is recorded again."""
     key = artifact_key(cfg, settings, prompts)
     path = Path(cfg.cache_dir) / "traces" / f"{key}.npz"
-    trace = _cached_trace(path)
+    trace = cached_trace(path, stale)
     if trace is None and settings.cache == "none":
-        prefix, prefix_path = workload_trace(cfg, prompts, replace(settings, cache="prefix"), load)
+        prefix, prefix_path = workload_trace(cfg, prompts, replace(settings, cache="prefix"), load, stale)
         trace = derive_no_cache(prefix)
         trace.meta["derived_from_trace"] = str(prefix_path)
         trace.save(path)

@@ -29,7 +29,7 @@ from harness.model import LLaDA2Config
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.traces.batch_replay import replay_trace
-from harness.traces.serving import lockstep, serving_figures
+from harness.traces.serving import PER_PROMPT_TOKENS, lacks_request_tokens, lockstep, serving_figures
 
 
 def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path, model: str = "?") -> None:
@@ -68,6 +68,15 @@ def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
     return min(steps, gen) if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 else steps
 
 
+def require_request_tokens(trace: RoutingTrace, path: Path) -> None:
+    """Serving a block-diffusion trace needs each request's generated tokens (its time per
+    output token), which traces recorded before issue 27's serving rule do not hold."""
+    if lacks_request_tokens(trace):
+        raise HarnessError(f"trace {path} records no per-request generated tokens (meta {PER_PROMPT_TOKENS}), "
+                           "which workload.batch > 1 needs for a block-diffusion trace's time per output token: "
+                           "record it again (a live run with trace.record=true) or use workload.batch=1")
+
+
 def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, RoutingTrace | None]:
     trace = RoutingTrace.load(path)
     calibration = None
@@ -99,7 +108,9 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         workload = workload_record(cfg.workload, prompts)
-        trace, path = workload_trace(cfg, prompts, settings, model)
+        # serving needs each request's tokens: a cached trace recorded before they were kept is recorded again
+        stale = lacks_request_tokens if cfg.workload.batch > 1 else None
+        trace, path = workload_trace(cfg, prompts, settings, model, stale)
         calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
         calibration_file = calibration_path(cfg, settings) if calibration is not None else None
     check_geometry(trace, setup.geometry, path, str(cfg.model.name))
@@ -108,6 +119,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
 
     served = None
     if cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)
+        require_request_tokens(trace, path)
         served = lockstep(trace, cfg.workload.batch)
         trace = served.trace
         if calibration is not None:  # what a system learns from is batched the same way
@@ -127,7 +139,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         counts["requested_tokens"] = meta_count(trace, "requested_tokens", path)
     if trace.meta.get("decode_steps"):  # an autoregressive family's recording
         counts["decode_steps"] = meta_count(trace, "decode_steps", path)
-    if served is not None:  # a batch's decode forward yields a token of each of its requests
+    if served is not None and "decode_steps" in counts:  # a batch's decode forward: a token of each request
         counts["decode_steps"] = sum(1 for s in trace.steps if s.kind == "decode")
     clock = {"replay_s": replay_s,
              "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
@@ -138,7 +150,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
                            calibration=str(calibration_file) if calibration_file is not None else None)
     result = build_result(cfg, setup, engine, counts, clock, identity, trace)
     if served is not None:
-        result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.forwards))
+        result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.requests))
         result.flat_metrics()  # a key reported twice is an error now, before anything is written
     result.workload = workload
     return result  # run_job writes result.json

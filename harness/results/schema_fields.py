@@ -175,12 +175,14 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "ttft_s": ("s (modeled)", _SECTION, "autoregressive families only: time to first token (the prefill "
                                         "forward), mean over prefill forwards (one per prompt, or per batch)"),
     "serving_batches": ("batches", _SERVING, "batches of workload.batch requests served one after another"),
-    "tpot_p50_s": ("s (modeled)", _SERVING, "per-request time per output token (the mean latency of the decode "
-                                            "forwards carrying its tokens), median over requests"),
+    "tpot_p50_s": ("s (modeled)", _SERVING, "per-request time per output token: (end of its last forward - end "
+                                            "of its first forward that emits a token) / (its generated tokens - "
+                                            "1); autoregressive: the mean latency of the decode forwards carrying "
+                                            "its tokens; median over requests"),
     "tpot_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
     "tpot_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
     "e2e_latency_p50_s": ("s (modeled)", _SERVING, "per-request end-to-end latency (from the start of serving, "
-                                                   "every request waiting at time 0, to its last token), median"),
+                                                   "every request waiting at time 0, to its last forward), median"),
     "e2e_latency_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
     "e2e_latency_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
     "e2e_latency_mean_s": ("s (modeled)", _SERVING, "the same, mean over requests"),

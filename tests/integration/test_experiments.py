@@ -51,6 +51,9 @@ REDUCED = {
     "dali": ["model=olmoe", "budget.gpu_gb=4", "system=static_split,dali_no_prefetch"],
     "gem": ["model=olmoe", "workload.batch=2", "topology.n_gpus=4", "topology.variability=high",
             "system=ep_linear,gem"],
+    # block-diffusion requests served in lock-step on the tiny LLaDA2 proxy
+    "gem_llada2": ["limit_prompts=2", "workload.batch=2", "topology.n_gpus=4", "topology.variability=high",
+                   "system=ep_linear,gem"],
 }
 BASE = {"ar_offload": [], "diffusiongemma": [], "dali": [], "gem": []}  # model=tiny does not apply to a family
 
@@ -73,7 +76,7 @@ def test_reduced_experiment_runs(name, proxy_cache, tmp_path, tiny_dir):
     assert all(r["source"] == "trace" for r in results)
     if name == "dali":  # every job reports DALI's measures, prefill and decode apart
         assert all({"cpu_side_share_decode", "cache_hit_rate_lru_prefill"} <= set(r["metrics"]) for r in results)
-    if name == "gem":  # served in lock-step: per-request percentiles; gem also its profiling cost
+    if name in ("gem", "gem_llada2"):  # served in lock-step: per-request percentiles; gem also its profiling cost
         assert all({"tpot_p90_s", "e2e_latency_mean_s", "serving_batches"} <= set(r["metrics"]) for r in results)
         assert [("gem_profile_samples" in r["metrics"]) for r in sorted(results, key=lambda r: r["config"]["system"]
                 ["name"])] == [False, True]
