@@ -121,8 +121,14 @@ def run_settings(result: RunResult) -> dict[str, str]:
         settings["workload"] = f"{workload.get('name')} ({workload.get('digest')}, {workload.get('prompts')} prompts)"
     elif config.get("workload"):
         settings["workload"] = f"{(config['workload'] or {}).get('name')} ({_digest(config['workload'])})"
-    if (config.get("calibration") or {}).get("prompts"):
-        settings["calibration"] = _digest(config["calibration"]["prompts"])
+    batch = (config.get("workload") or {}).get("batch")
+    if batch is not None:  # lock-step serving: a batch of 16 and one of 64 are different settings
+        settings["workload.batch"] = setting_text(batch)
+    calibration = config.get("calibration") or {}
+    if calibration.get("prompts"):
+        settings["calibration"] = _digest(calibration["prompts"])
+    if calibration.get("from_workload"):  # the workload's own last N prompts instead of the listed ones
+        settings["calibration"] = f"from_workload={calibration['from_workload']}"
     ident = result.identity
     settings.update(weights=setting_text(ident.weights), timing=result.timing.kind,
                     backend=setting_text(ident.backend or config.get("backend")))

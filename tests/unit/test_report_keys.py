@@ -63,6 +63,11 @@ ONE_SETTING = {
     "model.path": _set("config.model.path", "/ckpt/llada2-mini"),
     "limit_prompts": _set("config.limit_prompts", 1),  # the workload's digest differs too: one prompt
     "decode.steps": _set("config.decode.steps", 16),
+    "workload.batch": _set("config.workload.batch", 16),  # lock-step serving: batch 16 is not batch 64
+    "calibration": _set("config.calibration", {"prompts": [], "from_workload": 4}),
+    "decode.gen_length_bucket": _set("config.decode.gen_length_bucket", 32),
+    "decode.temperature": _set("config.decode.temperature", 1.0),  # table1 vs table1_greedy
+    "model.expert_sum_order": _set("config.model.expert_sum_order", "expert_id"),
 }
 
 
