@@ -40,8 +40,12 @@ def test_a_glob_sweep_runs(proxy_cache, tiny_dir, tmp_path):
 def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_the_parent_ends_killed(proxy_cache, tiny_dir, tmp_path):
     store = empty_store(tmp_path / "mlflow.db")
     sweep = tmp_path / "sweep"
-    args = [sys.executable, "-m", "harness", "-m", *TINY, "decode.gen_length=8", "budget=55GB",
-            "system=gpu_only,fiddler,mixtral_offload", f"tracking.uri={sqlite_uri(store)}", f"hydra.sweep.dir={sweep}"]
+    # job 0 decodes one prompt, job 1 eight to the end (no EOS stop): the Ctrl-C must land while
+    # the sweep still runs, also on a loaded machine (with three quick jobs, CI once saw the sweep
+    # finish before the signal arrived: exit 0, nothing to test)
+    args = [sys.executable, "-m", "harness", "-m", *TINY, "decode.gen_length=512", "decode.eos_early_stop=false",
+            "budget=55GB", "system=gpu_only", "limit_prompts=1,8", f"tracking.uri={sqlite_uri(store)}",
+            f"hydra.sweep.dir={sweep}"]
     proc = subprocess.Popen(args, cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -60,6 +64,7 @@ def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_the_parent_ends_killed(proxy
     parents, _ = parent_and_children(store)
     assert [p.info.status for p in parents] == ["KILLED"]
     assert (sweep / "0" / "result.json").is_file() and not list(sweep.rglob(".*.tmp"))
+    assert not (sweep / "1" / "result.json").exists()  # the signal came while job 1 ran
 
 
 def test_a_full_disk_mid_run_is_one_line_naming_what_was_saved(proxy_cache, tiny_dir, tmp_path):
