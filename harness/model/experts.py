@@ -139,14 +139,13 @@ def compute_routed_experts(
     """sum_k w[t,k] * expert_{idx[t,k]}(x[t]) for every token t, summed over k left to right
     (the order the MoE layer gave). x [T, H]; topk_idx [T, K]; topk_w [T, K].
     The sum is in `row_dtype` (fp32 for a bf16 model with fp32 weights)."""
-    idx, w = topk_idx, topk_w
     stacked = experts.stacked() if isinstance(experts, ExpertBank) else None
-    rows = x.shape[0] * idx.shape[1]
+    rows = x.shape[0] * topk_idx.shape[1]
     if stacked is not None and rows * stacked[0][0].numel() * 3 // 2 * x.element_size() <= GATHER_LIMIT_BYTES:
-        buffer = gathered_expert_outputs(x, idx, w, *stacked)
+        buffer = gathered_expert_outputs(x, topk_idx, topk_w, *stacked)
     else:
-        buffer = weighted_expert_outputs(x, idx, w, experts)
-    return combine(buffer, x.shape[0], idx.shape[1])
+        buffer = weighted_expert_outputs(x, topk_idx, topk_w, experts)
+    return combine(buffer, x.shape[0], topk_idx.shape[1])
 
 
 def gathered_expert_outputs(
