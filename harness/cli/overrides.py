@@ -26,7 +26,7 @@ from harness.cli.argv_check import check_flags, check_job_count, expand_globs, r
 from harness.cli.hints import config_keys, refuse_schema_options, refuse_sweep_without_multirun, with_hint
 from harness.common.errors import HarnessError
 from harness.common.paths import probe_output_dir, probe_output_parent
-from harness.job.config import HarnessConfig
+from harness.job.config import HarnessConfig, register_configs
 from harness.tracking.uris import check_store_is_mlflow
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
@@ -102,7 +102,9 @@ def compose_checked(overrides: list[str]) -> HarnessConfig:
 
 def compose_raw(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     """The composed, untyped job config (what Hydra hands `main`; with `with_hydra`, its
-    `hydra` node too); problems are one-line HarnessErrors."""
+    `hydra` node too); problems are one-line HarnessErrors. The schemas are registered here,
+    so that every caller (tests, the API, the analysis commands) composes what the CLI does."""
+    register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
