@@ -6,6 +6,8 @@
   budget=12GB             not an option: use budget=custom budget.gpu_gb=12
   experiment=table1       a group outside the defaults: write +experiment=table1
   system=tide,fiddler     a sweep without -m: add -m, or quote one value that holds a comma
+  tracking=false          a node of settings given one value: set one of its fields (tracking.enabled=false)
+  decode=8                a group given a number: its options, or one of its fields
 """
 
 from __future__ import annotations
@@ -85,6 +87,18 @@ def with_hint(message: str, overrides: Sequence[str], keys_under: Callable[[str]
         value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key), "<name>")
         return (f"{key}={value}: '{key}' is not in the defaults list, so it is added, not overridden: "
                 f"write +{key}={value} (a whole experiment is a sweep: python -m harness -m +{key}={value})")
+    found = re.search(r"is not a subclass of \w+\. value: (.*) \(key: ([^)]+)\)", message)
+    if found:  # a value given to a node of settings (tracking=false)
+        value, key = found.group(1), found.group(2)
+        fields = keys_under(key)
+        example = f"{key}.{fields[0]}={value.lower() if value in ('True', 'False') else value}" if fields else key
+        return f"{message}; '{key}' holds settings ({', '.join(fields)}), not one value: set one, e.g. {example}"
+    if message.startswith("Config group override must be a string"):  # decode=8: a group given a number
+        group = next((o.split("=", 1)[0].lstrip("+~") for o in overrides
+                      if o.split("=", 1)[0].lstrip("+~") in groups() and not re.search(r"=[A-Za-z_]", o)), None)
+        if group:
+            return (f"{message}; '{group}' is a config group: choose one of its options "
+                    f"({', '.join(group_options(group))}) or set a field, e.g. {group}.<field>=<value>")
     found = re.search(r"Key '([^']+)' not in '([^']+)' \(key: ([^)]+)\)", message)
     if found:
         key, full = found.group(1), found.group(3)

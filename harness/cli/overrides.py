@@ -111,7 +111,7 @@ def compose_raw(overrides: list[str], with_hydra: bool = False) -> DictConfig:
             cfg = compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
     except MissingConfigException as exc:
         raise HarnessError(_missing_option(exc)) from None
-    except (HydraException, OmegaConfBaseException) as exc:
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:  # ValueError: decode=8 (a group, a number)
         raise HarnessError(one_line(exc)) from None
     finally:
         GlobalHydra.instance().clear()

@@ -73,6 +73,8 @@ CONFIG = [
     (["tracking.uri=sqlite://relative.db"], "tracking.uri"),
     (["tracking.timeout_s=0"], "tracking.timeout_s"),
     (["tracking.timeout_s=inf"], "tracking.timeout_s"),
+    (["tracking=false"], "set one, e.g. tracking.enabled=false"),  # a node of settings given one value
+    (["decode=8"], "'decode' is a config group: choose one of its options (default, paper)"),  # was a traceback
 ]
 
 
