@@ -72,11 +72,19 @@ class RowSums:
         self.groups = np.split(order, np.flatnonzero(np.diff(ordered)) + 1)
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
-        lengths = self.lengths
         if values.size and (values == values[0]).all():
-            return constant_row_sums(float(values[0]), lengths)
+            return constant_row_sums(float(values[0]), self.lengths)
+        return self.grouped_sums(self.grouped(values))
+
+    def grouped(self, values: np.ndarray) -> np.ndarray:
+        """`values` (in row order) regrouped as `grouped_sums` takes them: a caller that sums
+        functions of the same values many times regroups the values once."""
+        return values[self.index]
+
+    def grouped_sums(self, grouped: np.ndarray) -> np.ndarray:
+        """The row sums of values already regrouped by `grouped`."""
+        lengths = self.lengths
         sums = np.zeros(len(lengths))
-        grouped = values[self.index]
         offset = 0
         for group in self.groups:
             k = int(lengths[group[0]]) if group.size else 0

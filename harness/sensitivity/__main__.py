@@ -12,7 +12,8 @@ fiddler,mixtral_offload), margin_move (0.10), tolerance (0.05: bisection to 5%),
 (true: log under the sweep's MLflow parent run), shortcut (true: re-charge recorded
 outcomes where a system's decisions cannot have changed; false: replay everything), skip
 (default oracle: systems not replayed, listed with their 1x figure; the oracle re-solves its
-placement in every replay, seconds each; skip= replays it too).
+placement in every replay, seconds each; skip= replays it too), jobs (0: one worker process per
+core, at most one per cell; 1: every cell in this process, the least memory).
 Replays only: nothing is decoded.
 """
 
@@ -22,18 +23,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from harness.common.errors import HarnessError, exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.job.config import register_configs
-from harness.placement.trace import RoutingTrace
 from harness.sensitivity.analysis import Roles
-from harness.sensitivity.cells import CellResult, analyse_cell
+from harness.sensitivity.cells import CellResult
 from harness.sensitivity.mlflow_log import log_to_parent
 from harness.sensitivity.output import write_outputs
 from harness.sensitivity.scaling import scale_grid
-from harness.sensitivity.sweep import load_sweep, replayer_for
+from harness.sensitivity.sweep import load_sweep
+from harness.sensitivity.workers import CellSettings, analyse_cells
 
 COMMAND = KeyValueCommand("python -m harness.sensitivity", "replay a sweep with each hardware constant scaled: "
                           "which one flips the ranking", [
@@ -48,6 +47,7 @@ COMMAND = KeyValueCommand("python -m harness.sensitivity", "replay a sweep with 
     Option("tracking", "log under the sweep's MLflow parent run", "true"),
     Option("shortcut", "re-charge recorded outcomes where decisions cannot have changed", "true"),
     Option("skip", "systems not replayed (listed with their 1x figure)", "oracle"),
+    Option("jobs", "worker processes, whole cells each (0: one per core; 1: in this process, least memory)", "0"),
 ], example="python -m harness.sensitivity sweep=outputs/multirun/<time>")
 
 
@@ -72,6 +72,17 @@ def _flag(text: str, key: str) -> bool:
     return text.lower() == "true"
 
 
+def _count(text: str, key: str) -> int:
+    if not text.isdigit():
+        raise HarnessError(f"{key}={text!r} must be a whole number (0: one per core)")
+    return int(text)
+
+
+def _progress(result: CellResult) -> None:
+    print(f"{result.name}: {result.replays} replays, {result.recharges} re-charges, {result.seconds:.1f} s",
+          file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     options = parse(argv)
     register_configs()
@@ -87,26 +98,15 @@ def main(argv: list[str]) -> int:
     sweep = Path(options["sweep"])
     out = Path(options["out"]) if options["out"] else sweep / "sensitivity"
     command = "python -m harness.sensitivity " + " ".join(argv)
+    skip = frozenset(s for s in options["skip"].split(",") if s)
+    settings = CellSettings(tuple(factors), roles, tuple(constants) if constants else None, margin_move, tolerance,
+                            _flag(options["shortcut"], "shortcut"), skip)
+    jobs, tracking = _count(options["jobs"], "jobs"), _flag(options["tracking"], "tracking")  # checked before any work
     start = time.perf_counter()
-    cells: list[CellResult] = []
-    traces: dict[str, RoutingTrace] = {}
-    loads: dict[str, np.ndarray] = {}
-    skip = {s for s in options["skip"].split(",") if s}
-    for cell in load_sweep(sweep):
-        replayers = {label: replayer_for(job, traces, loads) for label, job in cell.jobs.items() if label not in skip}
-        for replayer in replayers.values():
-            replayer.shortcut = _flag(options["shortcut"], "shortcut")
-        recorded = {label: float(job.result.flat_metrics()["tokens_per_s"]) for label, job in cell.jobs.items()}
-        result = analyse_cell(cell.name, replayers, recorded, factors, roles, constants, margin_move, tolerance)
-        result.skipped = {label: v for label, v in recorded.items() if label not in replayers}
-        cells.append(result)
-        print(f"{result.name}: {result.replays} replays, {result.recharges} re-charges, {result.seconds:.1f} s",
-              file=sys.stderr)
-        traces.clear()  # a cell's trace is not shared with the next cell's
-        loads.clear()
+    cells = analyse_cells(load_sweep(sweep), settings, jobs, _progress)
     files = write_outputs(cells, roles, out, command, factors)
     print((out / "sensitivity.md").read_text())
-    if _flag(options["tracking"], "tracking"):
+    if tracking:
         log_to_parent(sweep, cells, roles, files)
     print(f"wrote {', '.join(str(f) for f in files)} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0

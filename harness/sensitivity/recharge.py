@@ -29,11 +29,12 @@ class _Runs:
     """The loads of one set of experts per layer (a bool mask [n, m, E]), in row order, and
     their grouping for the ordered sums."""
 
-    def __init__(self, loads: np.ndarray, mask: np.ndarray, lengths: np.ndarray) -> None:
+    def __init__(self, loads: np.ndarray, mask: np.ndarray, lengths: np.ndarray, top: int) -> None:
         self.shape = lengths.shape
         self.lengths = lengths.ravel()
-        # row-major: each row's experts in id order (int32: a load is a token count, memory adds up)
-        self.picked = np.extract(mask, loads).astype(np.int32)
+        # row-major: each row's experts in id order (a load is a token count: int16 where it
+        # fits, as memory adds up and a narrow index gathers faster)
+        self.picked = np.extract(mask, loads).astype(np.int16 if top < 2**15 else np.int32)
         self._sums: RowSums | None = None
         self._kept: dict[bytes, np.ndarray] = {}  # by the table's values: a profile that changes another part reuses
 
@@ -49,9 +50,10 @@ class _Runs:
     def _seconds(self, table: np.ndarray, top: int) -> np.ndarray:
         if top >= 1 and (table[1 : top + 1] == table[1]).all():
             return constant_row_sums(float(table[1]), self.lengths).reshape(self.shape)
-        if self._sums is None:
+        if self._sums is None:  # regrouped once: then each table is one gather and the sums
             self._sums = RowSums(self.lengths)
-        return self._sums(table[self.picked]).reshape(self.shape)
+            self.picked = self._sums.grouped(self.picked)
+        return self._sums.grouped_sums(table[self.picked]).reshape(self.shape)
 
 
 KEPT = 4  # tables whose sums a `_Runs` keeps ([forwards, layers] each: a gen-1024 replay's are 1 MB)
@@ -72,9 +74,9 @@ class PreparedOutcomes:
         self.out = out
         loads = out.loads
         self.tally = tally = layer_tallies(loads, out.on_gpu, out.missed)
-        self.gpu = _Runs(loads, out.on_gpu, tally.n_gpu)
-        self.cpu = _Runs(loads, (loads > 0) & ~out.on_gpu, tally.n_cpu)
-        self.hits = _Runs(loads, out.on_gpu & ~out.missed, tally.n_hit) if pipeline_slots > 0 else None
+        self.gpu = _Runs(loads, out.on_gpu, tally.n_gpu, tally.top)
+        self.cpu = _Runs(loads, (loads > 0) & ~out.on_gpu, tally.n_cpu, tally.top)
+        self.hits = _Runs(loads, out.on_gpu & ~out.missed, tally.n_hit, tally.top) if pipeline_slots > 0 else None
         self.to_load = out.on_gpu & out.missed if pipeline_slots > 0 else None
         self.n_sync = out.copies_scratch + out.copies_sync
         if pipeline_slots > 0 and not np.array_equal(tally.n_to_load, self.n_sync):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import math
+import queue
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -172,12 +174,22 @@ def small_sweep(root: Path, cache: Path, uri: str = "sqlite:///unused.db") -> Pa
     return sweep
 
 
+def without_times(text: str) -> str:
+    """The table without what differs between two runs of it: the seconds and the command."""
+    text = re.sub(r"re-charges, [0-9.]+ s\.", "re-charges, _ s.", text)
+    return re.sub(r"Command: `[^`]*`", "Command: _", text)
+
+
 def test_the_command_writes_the_table_csv_and_a_tornado_per_cell(proxy_cache, tiny_dir, tmp_path, capsys):
+    """...the same files to the byte whether its two cells run in this process or in two workers."""
     sweep = small_sweep(tmp_path, proxy_cache)
-    out = tmp_path / "out"
-    code = sensitivity_main([f"sweep={sweep}", f"out={out}", "scales=0.5,2,3", "constants=cpu_tflops,pcie_gbps",
-                             "tracking=false", "references=gpu_only"])
-    assert code == 0
+    out, serial = tmp_path / "out", tmp_path / "serial"
+    args = [f"sweep={sweep}", "scales=0.5,2,3", "constants=cpu_tflops,pcie_gbps", "tracking=false",
+            "references=gpu_only"]
+    assert sensitivity_main([*args, f"out={out}", "jobs=2"]) == 0
+    assert sensitivity_main([*args, f"out={serial}", "jobs=1"]) == 0
+    assert (out / "sensitivity.csv").read_bytes() == (serial / "sensitivity.csv").read_bytes()
+    assert without_times((out / "sensitivity.md").read_text()) == without_times((serial / "sensitivity.md").read_text())
     text = (out / "sensitivity.md").read_text()
     assert "## Headline" in text and "CPU throughput (`cpu_tflops`)" in text and "| estimate |" in text
     rows = list(csv.DictReader((out / "sensitivity.csv").open()))
@@ -218,3 +230,25 @@ def test_the_command_refuses_bad_arguments_in_one_line(tmp_path):
         sensitivity_main([f"sweep={tmp_path}", "colour=red"])
     with pytest.raises(HarnessError, match="no finished job"):
         sensitivity_main([f"sweep={tmp_path}", "tracking=false"])
+    with pytest.raises(HarnessError, match="jobs='two' must be a whole number"):
+        sensitivity_main([f"sweep={tmp_path}", "jobs=two"])
+    with pytest.raises(HarnessError, match="tracking='no' must be true or false"):
+        sensitivity_main([f"sweep={tmp_path}", "tracking=no"])
+
+
+def test_a_worker_that_dies_ends_the_analysis_in_one_line():
+    """A worker killed (out of memory) never answers: the parent notices and names the fix."""
+    from harness.sensitivity.workers import _next_answer
+
+    class Killed:
+        exitcode = -9
+
+    with pytest.raises(HarnessError, match=r"worker died \(exit code -9.*jobs=1"):
+        _next_answer(queue.Queue(), [Killed()])
+
+
+def test_workers_are_one_per_core_and_never_more_than_the_cells():
+    from harness.sensitivity.workers import usable_cores, worker_count
+
+    assert worker_count(0, 100) == usable_cores()
+    assert worker_count(0, 1) == 1 and worker_count(8, 3) == 3 and worker_count(1, 4) == 1
