@@ -363,7 +363,7 @@ def report_parser() -> OneLineParser:
         prog=prog, description="paper-style table, tidy CSV and figures from finished runs",
         usage=f"{prog} [runs=DIR ...] [from_mlflow=URI] [experiment=NAME ...] [out=DIR]",
         epilog="Arguments are key=value, as every harness command takes them (the --flags below are the same "
-               "options). Example: harness-report runs=outputs/multirun out=outputs/report")
+               "options; a bare directory is runs=). Example: harness-report runs=outputs/multirun out=outputs/report")
     parser.add_argument("--from-mlflow", metavar="URI", help="from_mlflow=URI: read the runs of this tracking store")
     parser.add_argument("--experiment", action="append", help="experiment=NAME: only this MLflow experiment "
                                                               "(repeatable)")
@@ -376,6 +376,9 @@ def report_parser() -> OneLineParser:
 
 def run_report(argv: list[str]) -> int:
     parser = report_parser()
+    # a bare directory is what `python -m harness.report outputs/multirun/<time>` means: runs=
+    argv = [f"runs={a}" if "=" not in a and not a.startswith("-") and Path(a).is_dir()
+            and not (i and argv[i - 1].startswith("-")) else a for i, a in enumerate(argv)]  # not a flag's value
     args = parser.parse_args(as_flags(argv, REPORT_FLAGS))
     if args.from_mlflow and args.runs:
         parser.error("use either --from-mlflow or --runs")

@@ -145,6 +145,10 @@ def test_empty_result_set_is_a_one_line_error(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert err.startswith("error: no runs found") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+    assert report.main([str(tmp_path), f"out={tmp_path / 'out'}"]) == 2  # a bare directory is runs=
+    assert capsys.readouterr().err.startswith(f"error: no runs found in {tmp_path}")
+    assert report.main([str(tmp_path / "nowhere")]) == 2  # not a directory: left to the parser, one line
+    assert "unrecognized arguments" in capsys.readouterr().err
 
 
 def test_tide_charged_sequentially_is_its_own_column(tmp_path: Path) -> None:
