@@ -118,6 +118,7 @@ def _in_workers(cells: Sequence[Cell], settings: CellSettings, workers: int,
             results[index] = result
             done(result)
     finally:
+        tasks.cancel_join_thread()  # cells no worker took (Ctrl-C, an error) must not hold up the exit
         for process in processes:
             if process.is_alive():
                 process.terminate()

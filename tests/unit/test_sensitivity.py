@@ -5,6 +5,7 @@ replays, and the command on a small replay sweep (files, MLflow under the parent
 from __future__ import annotations
 
 import csv
+import json
 import math
 import queue
 import re
@@ -190,6 +191,12 @@ def test_the_command_writes_the_table_csv_and_a_tornado_per_cell(proxy_cache, ti
     assert sensitivity_main([*args, f"out={serial}", "jobs=1"]) == 0
     assert (out / "sensitivity.csv").read_bytes() == (serial / "sensitivity.csv").read_bytes()
     assert without_times((out / "sensitivity.md").read_text()) == without_times((serial / "sensitivity.md").read_text())
+    # a worker's one-line error is the command's: a job whose trace is gone
+    result = json.loads((sweep / "4" / "result.json").read_text())
+    result["trace"] = str(tmp_path / "gone.npz")
+    (sweep / "4" / "result.json").write_text(json.dumps(result))
+    with pytest.raises(HarnessError, match=r"its trace .*gone\.npz is gone; run the sweep again"):
+        sensitivity_main([*args, f"out={tmp_path / 'failed'}", "jobs=2"])
     text = (out / "sensitivity.md").read_text()
     assert "## Headline" in text and "CPU throughput (`cpu_tflops`)" in text and "| estimate |" in text
     rows = list(csv.DictReader((out / "sensitivity.csv").open()))
