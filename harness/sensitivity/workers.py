@@ -8,8 +8,9 @@ computes exactly what the serial loop computes: the tables and CSV are the same 
 time, so peak memory grows with `jobs`; `jobs=1` analyses in this process, cell after cell.
 
 Workers are spawned (not forked: torch's thread pools do not survive a fork) and ignore
-Ctrl-C; the parent takes it, ends them and exits 130 as every command does. A worker that
-dies (out of memory, killed) ends the analysis with one line that names it.
+Ctrl-C; the parent takes it, ends them and exits 130 as every command does. A worker whose
+parent is gone (SIGTERM, killed) ends itself within a second. A worker that dies (out of
+memory, killed) ends the analysis with one line that names it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import os
 import queue
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,6 +113,7 @@ def _in_workers(cells: Sequence[Cell], settings: CellSettings, workers: int,
     for process in processes:
         process.start()
     results: list[CellResult | None] = [None] * len(cells)
+    terminated = _on_sigterm_exit()
     try:
         for _ in cells:
             index, result, error = _next_answer(answers, processes)
@@ -118,6 +122,8 @@ def _in_workers(cells: Sequence[Cell], settings: CellSettings, workers: int,
             results[index] = result
             done(result)
     finally:
+        if terminated is not None:
+            signal.signal(signal.SIGTERM, terminated)
         tasks.cancel_join_thread()  # cells no worker took (Ctrl-C, an error) must not hold up the exit
         for process in processes:
             if process.is_alive():
@@ -125,6 +131,19 @@ def _in_workers(cells: Sequence[Cell], settings: CellSettings, workers: int,
         for process in processes:
             process.join()
     return [r for r in results if r is not None]
+
+
+def _on_sigterm_exit() -> Any:
+    """SIGTERM (`timeout`, `kill`) becomes SystemExit(143) here, so that the workers are ended
+    on the way out; the previous handler is returned (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def exit_143(signum: int, frame: Any) -> None:
+        print("terminated: the workers are ended, nothing was written", file=sys.stderr)
+        raise SystemExit(143)
+
+    return signal.signal(signal.SIGTERM, exit_143)
 
 
 def _next_answer(answers: Any, processes: list[Any]) -> tuple[int, CellResult | None, Exception | None]:
@@ -141,6 +160,7 @@ def _next_answer(answers: Any, processes: list[Any]) -> tuple[int, CellResult | 
 def _work(tasks: Any, answers: Any, settings: CellSettings, threads: int) -> None:
     """A worker: cells from `tasks` until None, each answered as (index, result, error)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent takes Ctrl-C and ends the workers
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     torch.set_num_threads(threads)
     while (task := tasks.get()) is not None:
         index, cell = task
@@ -150,3 +170,11 @@ def _work(tasks: Any, answers: Any, settings: CellSettings, threads: int) -> Non
             answers.put((index, None, HarnessError(str(exc))))
         except Exception:  # the parent raises it with the worker's traceback
             answers.put((index, None, RuntimeError(f"cell {cell.name}:\n{traceback.format_exc()}")))
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker once its parent is gone (killed, SIGTERM): a cell takes minutes, and
+    nobody would read its answer."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)

@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, run_module, sqlite_uri
+from tests.unit.test_sensitivity import small_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -115,3 +117,47 @@ def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache,
     assert parents[killed.info.run_id].info.status == "KILLED"
     assert parents[killed.info.run_id].data.tags["harness.ended"] == "superseded"
     assert [p.info.status for i, p in parents.items() if i != killed.info.run_id] == ["FINISHED"]
+
+
+def _spawned_workers(pid: int) -> list[int]:
+    """The multiprocessing workers among a process's children (not its resource tracker)."""
+    found = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmdline = Path(f"/proc/{child}/cmdline")
+        if cmdline.exists() and b"spawn_main" in cmdline.read_bytes():
+            found.append(int(child))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(") ")[-1].startswith("Z")
+
+
+@pytest.mark.parametrize(("sig", "code", "line"), [(signal.SIGINT, 130, "interrupted:"),
+                                                   (signal.SIGTERM, 143, "terminated:")])
+def test_a_signal_during_a_parallel_sensitivity_ends_its_workers(sig, code, line, proxy_cache, tiny_dir, tmp_path):
+    """Ctrl-C or SIGTERM while two workers hold cells: one line, the exit code, no worker left
+    running and nothing written."""
+    sweep, out = small_sweep(tmp_path, proxy_cache), tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.sensitivity", f"sweep={sweep}", f"out={out}", "jobs=2",
+                             "tracking=false"], cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, workers = time.monotonic() + 120, []
+        while len(workers) < 2:  # signalled while the workers start (importing torch takes seconds)
+            assert proc.poll() is None and time.monotonic() < deadline, "no workers"
+            workers = _spawned_workers(proc.pid)
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err[-2000:]
+    assert any(ln.startswith(line) for ln in err.splitlines()) and "Traceback" not in err, err[-2000:]
+    deadline = time.monotonic() + 5
+    while not all(_gone(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(w) for w in workers)
+    assert not out.exists()
