@@ -39,6 +39,7 @@ import systems
 from harness.accounting.cost import CostModel, HardwareConfig
 from harness.common.errors import HarnessError
 from harness.common.files import fingerprint
+from harness.common.machine import machine_environment
 from harness.decode.decode_batch import DecodeBatch, decode_with_engine
 from harness.decode.decoding import DecodeSettings, steps_per_block
 from harness.decode.lossless import load_reference, store_reference
@@ -128,7 +129,10 @@ def artifact_key(cfg: HarnessConfig, settings: DecodeSettings, prompts: list[str
 
 def new_trace(loaded: LoadedModel, cfg: HarnessConfig, settings: DecodeSettings, purpose: str) -> RoutingTrace:
     g = loaded.nominal
-    meta = {"purpose": purpose, **model_identity(cfg), "decode": asdict(settings)}
+    # where it was recorded: a bf16 decode can take other tokens on other CPU kernels
+    recorded_on = {k: v for k, v in machine_environment().items() if k in ("cpu_model", "cpu_kernels", "gpu")}
+    meta = {"purpose": purpose, **model_identity(cfg), "decode": asdict(settings),
+            "recorded_on": {**recorded_on, "torch": torch.__version__}}
     return RoutingTrace(g.n_moe_layers, g.num_experts, geometry=g.to_dict(), meta=meta)
 
 

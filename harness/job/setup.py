@@ -4,11 +4,9 @@ build from the engine's summary (`build_result`)."""
 
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -22,6 +20,7 @@ from harness.accounting.budget import Budget, resolve_budget
 from harness.accounting.cost import CostModel, HardwareConfig
 from harness.accounting.profiling import load_hardware
 from harness.accounting.topology import SINGLE, Topology, build_topology
+from harness.common.machine import machine_environment
 from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import code_version
 from harness.job.config import HarnessConfig
@@ -137,25 +136,3 @@ def installed_version(package: str) -> str:
         return "not installed"
 
 
-def machine_environment() -> dict[str, str]:
-    """The OS, CPU model and count, physical memory and, where torch sees one, the GPU."""
-    out = {"os": f"{platform.system()} {platform.release()}", "cpu_model": cpu_model(),
-           "cpu_count": str(os.cpu_count() or 0)}
-    try:
-        out["ram_gb"] = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 1e9:.1f}"
-    except (ValueError, OSError, AttributeError):  # not every OS names these
-        out["ram_gb"] = "unknown"
-    if torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
-
-
-def cpu_model() -> str:
-    """The CPU's model name: /proc/cpuinfo on Linux, the platform's processor string elsewhere."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"

@@ -29,8 +29,8 @@ PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "result-schema.m
 # schema version -> the fingerprint of its fields (version 1 had no documented fields)
 # 3: cost breakdown, hardware estimates, calibration; 4: autoregressive phases (model families),
 # DALI's measures, lock-step serving percentiles, GEM's profiling cost, requested_tokens (4 never
-# landed before it was complete, so its fingerprint took the last of these)
-SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "ebc498bae66d43fc", 4: "62c5cef9777989fe"}
+# landed before it was complete, so its fingerprint took the last of these); 5: versions.cpu_kernels
+SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "ebc498bae66d43fc", 4: "62c5cef9777989fe", 5: "051f9a55a955f477"}
 
 # (heading, dataclass or None, its table, what it describes)
 RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [
@@ -44,7 +44,8 @@ RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [
     ("`step_series`", None, f.STEP_SERIES_FIELDS,
      "One point per forward, live and replay (harness/accounting/ledger.py)."),
     ("`workload`", None, f.WORKLOAD_FIELDS, "harness/decode/workload.py `workload_record`."),
-    ("`versions`", None, f.VERSIONS_FIELDS, "Software and machine (harness/job/setup.py)."),
+    ("`versions`", None, f.VERSIONS_FIELDS,
+     "Software and machine (harness/job/setup.py, harness/common/machine.py)."),
 ]
 
 

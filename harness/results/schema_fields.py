@@ -124,6 +124,8 @@ VERSIONS_FIELDS: dict[str, Entry] = {  # harness/job/setup.py versions()
     "machine": ("-", "the host name"),
     "os": ("-", "the operating system and kernel release"),
     "cpu_model": ("-", "the CPU's model name (/proc/cpuinfo; the platform's processor elsewhere)"),
+    "cpu_kernels": ("-", "the vector ISA torch's CPU kernels run (AVX2, AVX512, ...): bf16 decodes can differ "
+                          "between them"),
     "cpu_count": ("cores", "logical CPUs the operating system reports"),
     "ram_gb": ("GB", "physical memory"),
     "gpu": ("-", "the CUDA device's name (only where torch sees one)"),

@@ -112,9 +112,11 @@ def test_the_two_sum_orders_round_apart_in_bf16(bf16_model):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_the_batched_rows_round_apart_from_the_per_expert_rows(tiny_dir, dtype):
-    """docs/model-and-decoding.md: the gathered (batched) rows of small experts round differently
-    from one F.linear chain per expert (the reference's), in the last bits only."""
+def test_the_batched_rows_agree_with_the_per_expert_rows_to_the_last_bits(tiny_dir, dtype):
+    """docs/model-and-decoding.md: the gathered (batched) rows of small experts and one F.linear
+    chain per expert (the reference's) agree to a product's last bits. In fp32 they round apart
+    on every CPU seen; in bf16 whether any row does depends on the CPU's kernels (a few rows on
+    an AVX-512 host, none on an AVX2 one), so that is not asserted."""
     from harness.model.experts import gathered_expert_outputs, weighted_expert_outputs
 
     model = from_pretrained(tiny_dir, dtype=dtype)
@@ -125,6 +127,7 @@ def test_the_batched_rows_round_apart_from_the_per_expert_rows(tiny_dir, dtype):
     idx, w = moe.gate(x)
     batched = gathered_expert_outputs(x, idx, w, *moe.expert_weights.stacked())
     per_expert = weighted_expert_outputs(x, idx, w, moe.expert_weights)
-    assert not torch.equal(batched, per_expert)
+    if dtype == "float32":
+        assert not torch.equal(batched, per_expert)
     tolerance = 2e-2 if dtype == "bfloat16" else 1e-5  # a bf16 product's last bit; fp32's
     torch.testing.assert_close(batched, per_expert, rtol=tolerance, atol=tolerance)
