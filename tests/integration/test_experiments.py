@@ -47,7 +47,8 @@ REDUCED = {
     "tau_sweep": ["system.tau=1,2,auto"],
     # the transformers families: the smallest AR family stands in for the experiment's two
     "ar_offload": ["model=olmoe", "budget.gpu_gb=4", "system=gpu_only,tide,dali"],
-    "diffusiongemma": ["decode.steps=4", "budget.gpu_gb=24", "system=gpu_only,tide"],
+    "diffusiongemma": ["decode.steps=4", "budget.gpu_gb=24", "system=gpu_only,tide",
+                       "calibration.prompts=[Implement a queue using two stacks in Python.]"],  # one, not two
     "dali": ["model=olmoe", "budget.gpu_gb=4", "system=static_split,dali_no_prefetch"],
     "gem": ["model=olmoe", "workload.batch=2", "topology.n_gpus=4", "topology.variability=high",
             "system=ep_linear,gem"],

@@ -7,8 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import queue
 import re
+import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -259,3 +262,19 @@ def test_workers_are_one_per_core_and_never_more_than_the_cells():
 
     assert worker_count(0, 100) == usable_cores()
     assert worker_count(0, 1) == 1 and worker_count(8, 3) == 3 and worker_count(1, 4) == 1
+
+
+def test_sigterm_while_workers_run_exits_143_through_the_cleanup():
+    """SIGTERM becomes SystemExit(143) while the parent waits for its workers, so that the
+    `finally` that ends them runs (the integration test drives Ctrl-C through the same way out)."""
+    from harness.sensitivity.workers import _on_sigterm_exit
+
+    previous = _on_sigterm_exit()
+    assert previous is not None  # pytest runs tests on the main thread
+    try:
+        with pytest.raises(SystemExit) as info:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(2)  # the handler runs between two bytecodes of this thread
+        assert info.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
