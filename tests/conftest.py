@@ -41,16 +41,3 @@ def tiny_model(tiny_dir: Path):
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_dir: Path):
     return load_tokenizer(tiny_dir)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Subprocess and sweep tests (marked slow) first, then the other integration and golden
-    tests, then the unit tests: pytest-xdist hands tests out in this order, so the long ones
-    start early and the many short ones fill both workers to the end, instead of one long
-    test running alone at the end of the suite. The sort is stable: file order is kept within."""
-    def tier(item: pytest.Item) -> int:
-        if item.get_closest_marker("slow") is not None:
-            return 0
-        return 1 if {"integration", "golden"} & set(Path(str(item.fspath)).parts) else 2
-
-    items.sort(key=tier)
