@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli.overrides import compose_checked, precheck
+from harness.common.errors import HarnessError
+from harness.decode.workload import load_prompts
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -32,16 +35,21 @@ def test_tiny_run_prints_summary_and_writes_result(proxy_cache, tmp_path, tiny_d
     assert all(len(o["tokens"]) == 8 for o in result["outputs"])
 
 
+# through the real command line (a subprocess each, seconds apiece): one case per kind of check
+# (a config group option, a value checked against the schedule, a checkpoint that cannot load)
 BAD_INPUTS = [
     (["model=nope"], "model=nope is not an option"),
+    (["decode.steps=64"], "decode.steps=64 cannot serve"),
+    (["model.path=/nonexistent/llada2"], "model.path"),
+]
+# the rest go through the same precheck in-process (what the command line calls first)
+PRECHECKED = [
     (["decode.gen_length=0"], "decode.gen_length"),
     (["decode.block_length=-4"], "decode.block_length"),
-    (["decode.steps=64"], "decode.steps=64 cannot serve"),
     (["decode.threshold=0"], "decode.threshold"),
     (["decode.threshold=1.5"], "decode.threshold"),
     (["decode.gen_length=many"], "decode.gen_length"),
     (["decode.cache=maybe"], "decode.cache"),
-    (["model.path=/nonexistent/llada2"], "model.path"),
     (["workload=jsonl"], "workload.path"),
 ]
 
@@ -55,14 +63,31 @@ def test_bad_input_is_one_line_exit_2(args, needle, proxy_cache, tmp_path, tiny_
     assert needle in lines[0] and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("content", ["", "not json\n", '{"text": "no prompt key"}\n'])
-def test_bad_prompts_file(content, proxy_cache, tmp_path, tiny_dir):
+@pytest.mark.parametrize(("args", "needle"), PRECHECKED, ids=[a[0] for a, _ in PRECHECKED])
+def test_bad_input_is_refused_by_the_precheck_in_one_line(args, needle):
+    with pytest.raises(HarnessError) as info:
+        precheck(["model=tiny", *args])
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_prompts_file(proxy_cache, tmp_path, tiny_dir):
     path = tmp_path / "prompts.jsonl"
-    path.write_text(content)
+    path.write_text("not json\n")
     proc = run_cli("model=tiny", "workload=jsonl", f"workload.path={path}", cache=proxy_cache, tmp=tmp_path)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and str(path) in lines[0]
+
+
+@pytest.mark.parametrize("content", ["", "not json\n", '{"text": "no prompt key"}\n'])
+def test_a_bad_prompts_file_is_one_line_naming_it(content, tmp_path):
+    """The same file checks in-process (the subprocess above shows the exit code and the line)."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    cfg = compose_checked(["model=tiny", "workload=jsonl", f"workload.path={path}"])
+    with pytest.raises(HarnessError) as info:
+        load_prompts(cfg.workload)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_jsonl_workload_runs(proxy_cache, tmp_path, tiny_dir):
