@@ -31,7 +31,7 @@ from harness.hybrid.backend import check_backend
 from harness.hybrid.repeats import TimingConfig
 from harness.tracking.settings import TrackingConfig
 from harness.zoo.entry import ModelConfig, model_names, models_with, nominal_geometry
-from harness.zoo.entry import entries as model_entries  # beside the system entries above
+from harness.zoo.entry import entries as model_entries
 from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
 
 SOURCES = ("live", "trace")
