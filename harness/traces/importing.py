@@ -98,22 +98,23 @@ def check_ids(ids: np.ndarray, request: str, part: str, geometry: MoEGeometry, f
     """Shape against the model, ids in 0..E-1, no expert twice within one token's top-k."""
     layers, top_k, experts = geometry.n_moe_layers, geometry.num_experts_per_tok, geometry.num_experts
     if ids.shape[1] != layers:
-        raise HarnessError(f"{request}: {part} routes {ids.shape[1]} MoE layers per token but the model's config has "
-                           f"{layers}: the layer count does not match; import it with the model it was recorded on")
+        raise HarnessError(f"{request}: the {part} rows hold {ids.shape[1]} MoE layers per token but the model's "
+                           f"config has {layers}: the layer count does not match; import it with the model it was "
+                           "recorded on")
     if ids.shape[2] != top_k:
-        raise HarnessError(f"{request}: {part} lists {ids.shape[2]} experts per token and layer but the model routes "
-                           f"top-{top_k}; import it with the model it was recorded on")
+        raise HarnessError(f"{request}: the {part} rows list {ids.shape[2]} experts per token and layer but the model "
+                           f"routes top-{top_k}; import it with the model it was recorded on")
     bad = np.argwhere((ids < 0) | (ids >= experts))
     if bad.size:
         t, layer, j = (int(v) for v in bad[0])
-        raise HarnessError(f"{request}: {part} token {first_token + t} layer {layer} routes to expert "
+        raise HarnessError(f"{request}: token {first_token + t} ({part}) layer {layer} routes to expert "
                            f"{int(ids[t, layer, j])}, outside 0..{experts - 1} of the model's {experts} experts")
     if top_k > 1 and ids.size:
         ordered = np.sort(ids, axis=2)
         twice = np.argwhere(ordered[:, :, 1:] == ordered[:, :, :-1])
         if twice.size:
             t, layer, j = (int(v) for v in twice[0])
-            raise HarnessError(f"{request}: {part} token {first_token + t} layer {layer} lists expert "
+            raise HarnessError(f"{request}: token {first_token + t} ({part}) layer {layer} lists expert "
                                f"{int(ordered[t, layer, j])} twice in its top-{top_k}; a token routes to distinct "
                                "experts (a corrupt or mis-assembled file)")
 
@@ -121,8 +122,8 @@ def check_ids(ids: np.ndarray, request: str, part: str, geometry: MoEGeometry, f
 def check_weights(weights: np.ndarray, ids: np.ndarray, request: str, part: str) -> None:
     if weights.shape != ids.shape or weights.dtype.kind != "f" or not np.isfinite(weights).all() \
             or (weights < 0).any():
-        raise HarnessError(f"{request}: {part} gate weights must be finite, non-negative floats shaped like its ids "
-                           f"{ids.shape} (got {weights.dtype} {weights.shape})")
+        raise HarnessError(f"{request}: the {part} gate weights must be finite, non-negative floats shaped like its "
+                           f"ids {ids.shape} (got {weights.dtype} {weights.shape})")
 
 
 @dataclass
@@ -141,7 +142,7 @@ def checked(request: Request, geometry: MoEGeometry) -> Forwards:
     name = request.name
     prompt = request.prompt
     if prompt is not None:
-        check_ids(prompt, name, "the prompt", geometry)
+        check_ids(prompt, name, "prompt", geometry)
         p = request.prompt_tokens if request.prompt_tokens is not None else len(prompt)
         if len(prompt) != p:
             raise HarnessError(f"{name}: the prompt has {p} tokens but its routing holds {len(prompt)} rows: "
@@ -150,9 +151,9 @@ def checked(request: Request, geometry: MoEGeometry) -> Forwards:
         if p == 0:
             raise HarnessError(f"{name}: an empty prompt has nothing to prefill; drop the request")
     first = len(prompt) if prompt is not None else 0
-    check_ids(request.generated, name, "the generated tokens", geometry, first)
-    parts = [(prompt, "the prompt")] if prompt is not None else []
-    for w, (ids, part) in zip(request.weights, [*parts, (request.generated, "the generated tokens")], strict=False):
+    check_ids(request.generated, name, "generated", geometry, first)
+    parts = [(prompt, "prompt")] if prompt is not None else []
+    for w, (ids, part) in zip(request.weights, [*parts, (request.generated, "generated")], strict=False):
         check_weights(w, ids, name, part)
     rows = len(request.generated)
     if prompt is None:  # decode forwards only: each row one forward, each forward one token
