@@ -14,6 +14,7 @@ from harness.cli.overrides import compose_checked
 from harness.job.config import register_configs
 from harness.job.live import run_job
 from harness.placement.trace import RoutingTrace
+from harness.real_routing import main as real_routing
 from harness.report.api import report
 from harness.results.run_result import RunResult
 from harness.traces.__main__ import main as traces_main
@@ -119,3 +120,20 @@ def counters(result: RunResult, eos: bool) -> dict:
     if eos:  # the import knows what was generated, not what was asked for
         m.pop("requested_tokens", None)
     return m
+
+
+@pytest.mark.slow
+def test_the_grid_runs_over_a_directory_of_imports(tmp_path: Path) -> None:
+    """python -m harness.real_routing: each trace on its own model's geometry, B a share of its
+    experts and the GPU memory that holds them (a reduced grid: two systems, one share)."""
+    config = write_config(tmp_path / "model")
+    (tmp_path / "traces").mkdir()
+    assert traces_main(["import", "format=vllm", f"in={write_vllm(tmp_path / 'r.jsonl', random_routing(3))}",
+                        "model=hf", f"config={config}", f"out={tmp_path / 'traces' / 'tiny.npz'}"]) == 0
+    assert real_routing(["dir=" + str(tmp_path / "traces"), "shares=0.5", "systems=gpu_only,fiddler",
+                         f"out={tmp_path / 'grid'}"]) == 0
+    results = [RunResult.from_json(p) for p in sorted((tmp_path / "grid" / "tiny_B8").glob("*/result.json"))]
+    assert sorted(r.identity.system for r in results) == ["fiddler", "gpu_only"]
+    for r in results:
+        assert r.budget["experts_per_layer"] == 8 and r.identity.routing_source == "imported"
+        assert r.config["model"]["path"] == str(config.resolve()) and r.metrics["prompts"] == 2
