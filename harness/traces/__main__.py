@@ -28,6 +28,7 @@ from harness.traces.vllm_format import read_vllm
 from harness.zoo.entry import model_names
 
 FORMATS = ("vllm", "ids", "jsonl")
+WEIGHTS = ("real", "trained-proxy", "random-proxy")  # what the recording ran on (result.json's `weights`)
 
 IMPORT = KeyValueCommand(
     "python -m harness.traces import", "convert routing recorded elsewhere into a trace every system replays",
@@ -82,6 +83,8 @@ def run_import(args: dict[str, str]) -> int:
         raise HarnessError(f"format={fmt!r} is not allowed; use one of {', '.join(FORMATS)}")
     if model not in model_names():
         raise HarnessError(f"model={model!r} is not allowed; use one of {', '.join(model_names())}")
+    if args["weights"] not in WEIGHTS:
+        raise HarnessError(f"weights={args['weights']!r} is not allowed; use one of {', '.join(WEIGHTS)}")
     if args["hints"] not in HINTS:
         raise HarnessError(f"hints={args['hints']!r} is not allowed; use {' or '.join(HINTS)}")
     geometry, model_cfg = model_geometry(model, args.get("config"))
