@@ -280,7 +280,7 @@ class RunResult:
             "harness.kind": "job",
             "system": ident.system, "model": ident.model, "weights": ident.weights,
             "timing": self.timing.kind, "hardware": ident.hardware,
-            "decode_cache": ident.decode_cache, "budget": budget,
+            "decode_cache": ident.decode_cache, "budget": budget, "routing_source": ident.routing_source,
             "git_commit": git_commit, "mlflow.source.git.commit": git_commit,
             "machine": self.versions.get("machine") or platform.node(),
             "run_dir": str(run_dir.resolve()), "config_hash": config_hash,
