@@ -5,8 +5,11 @@
 
 With `trace.path: null` the trace is the cached gpu_only routing of this model, workload
 and decode settings (recorded live on first use, then shared by every job of a sweep).
-An explicit path is a `trace.npz` written by a live run with `trace.record=true`; its
-calibration trace is the `calibration.npz` beside it.
+An explicit path is a `trace.npz` written by a live run with `trace.record=true` (its
+calibration trace is the `calibration.npz` beside it) or by `python -m harness.traces import`
+(routing recorded elsewhere, docs/real-routing.md); with `calibration.from_workload=N` the
+trace's last N requests are the calibration, held out of the replay. An imported trace's
+routing statistics go into the result (`routing`), as a live recording's do.
 
 The engine sees exactly what it saw live (the same loads, tokens, context and hints per
 forward), so a replay gives the same counters and modeled time as the live run; a test
@@ -30,6 +33,8 @@ from harness.placement.system import MoEGeometry
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.traces.batch_replay import replay_trace
+from harness.traces.holdout import hold_out
+from harness.traces.routing_stats import statistics_with_uniform
 from harness.traces.serving import PER_PROMPT_TOKENS, lacks_request_tokens, lockstep, serving_figures
 from harness.zoo.entry import load_model, nominal_geometry
 
@@ -79,16 +84,38 @@ def require_request_tokens(trace: RoutingTrace, path: Path) -> None:
                            "record it again (a live run with trace.record=true) or use workload.batch=1")
 
 
-def explicit_traces(path: Path, needs_calibration: bool) -> tuple[RoutingTrace, RoutingTrace | None]:
+def explicit_traces(path: Path, needs_calibration: bool, held_out: int = 0
+                    ) -> tuple[RoutingTrace, RoutingTrace | None, str | None]:
+    """The trace at `path` and the calibration its systems learn from, with where it came
+    from: with calibration.from_workload = N its last N requests, held out of the replay
+    (harness/traces/holdout.py); else the calibration.npz a live run recorded beside it."""
     trace = RoutingTrace.load(path)
-    calibration = None
-    if needs_calibration:
-        beside = path.parent / "calibration.npz"
-        if not beside.exists():
-            raise HarnessError(f"this system learns from a calibration trace but there is no {beside}; "
-                               "record the trace with a live run and trace.record=true")
-        calibration = RoutingTrace.load(beside)
-    return trace, calibration
+    if held_out > 0:  # every system replays the same requests, whether it learns or not
+        trace, held = hold_out(trace, held_out, path)
+        return trace, (held if needs_calibration else None), (f"{path} (its last {held_out} requests, held out)"
+                                                              if needs_calibration else None)
+    if not needs_calibration:
+        return trace, None, None
+    beside = path.parent / "calibration.npz"
+    if not beside.exists():
+        if trace.meta.get("routing") == "imported":
+            raise HarnessError(f"this system learns from a calibration trace but {path} is an import with no "
+                               f"{beside.name} beside it: set calibration.from_workload=N to learn from its last N "
+                               "requests, held out of the replay")
+        raise HarnessError(f"this system learns from a calibration trace but there is no {beside}; "
+                           "record the trace with a live run and trace.record=true")
+    return trace, RoutingTrace.load(beside), str(beside)
+
+
+def hint_stand_in(trace: RoutingTrace, wants_hint: bool) -> str | None:
+    """What a hint-using system's next-layer prediction is over this trace: recorded (the
+    model's own router on the hidden state), next_layer_loads (an import's perfect
+    predictor) or none (no hints: its prefetch predicts nothing); None if it wants none."""
+    if not wants_hint:
+        return None
+    if trace.meta.get("hints") == "next_layer_loads":
+        return "next_layer_loads"
+    return "recorded" if trace.has_hints else "none"
 
 
 def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
@@ -105,8 +132,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     workload = None  # an explicit trace holds prompts this config does not name
     if cfg.trace.path is not None:
         path = Path(cfg.trace.path)
-        trace, calibration = explicit_traces(path, setup.needs_calibration)
-        calibration_file = path.parent / "calibration.npz" if calibration is not None else None
+        trace, calibration, calibration_file = explicit_traces(path, setup.needs_calibration,
+                                                               cfg.calibration.from_workload)
     else:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         workload = workload_record(cfg.workload, prompts)
@@ -114,10 +141,14 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         stale = lacks_request_tokens if cfg.workload.batch > 1 else None
         trace, path = workload_trace(cfg, prompts, settings, model, stale)
         calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
-        calibration_file = calibration_path(cfg, settings) if calibration is not None else None
+        calibration_file = str(calibration_path(cfg, settings)) if calibration is not None else None
     check_geometry(trace, setup.geometry, path, str(cfg.model.name))
-    if calibration is not None and cfg.trace.path is not None:  # the cached one is keyed by this model
+    # the cached one is keyed by this model; held-out requests are the trace's own
+    if calibration is not None and cfg.trace.path is not None and cfg.calibration.from_workload == 0:
         check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
+    # an imported trace's routing statistics (harness/traces/routing_stats.py), before batching
+    routing = statistics_with_uniform(trace, max(1, setup.budget.experts_per_layer)) \
+        if trace.meta.get("routing") == "imported" else None
 
     served = None
     if cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)
@@ -149,8 +180,12 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     identity = RunIdentity(source="trace", weights=trace.meta.get("weights", "?"),
                            checkpoint=trace.meta.get("checkpoint", "?"), trace=str(path), replay=replay_mode,
                            trace_derived_from=str(derived) if derived else None,
-                           calibration=str(calibration_file) if calibration_file is not None else None)
+                           calibration=calibration_file,
+                           routing_source=str(trace.meta["routing"]) if isinstance(trace.meta.get("routing"), str)
+                           else None,
+                           hints=hint_stand_in(trace, setup.system.wants_hint))
     result = build_result(cfg, setup, engine, counts, clock, identity, trace)
+    result.routing = routing
     if served is not None:
         result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.requests))
         result.flat_metrics()  # a key reported twice is an error now, before anything is written

@@ -321,14 +321,21 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
 ROUTING_KEYS = ["model", "weights", "decode_cache", "gen_length", "block_length"]
 
 
+def routing_of(record: dict[str, Any]) -> str:
+    """Which routing a row's statistics describe: a live run's own recording, or the file an
+    imported trace came from (docs/real-routing.md)."""
+    source = record.get("routing_source")
+    return f"{source}: {Path(str(record.get('trace'))).name}" if source else "recorded"
+
+
 def routing_markdown(records: list[dict[str, Any]]) -> str:
     """The routing statistics of the runs that recorded a trace, each beside its value under
-    uniform routing; one row per (model, weights, cache, gen, block, B): every system of a
+    uniform routing; one row per (model, weights, cache, gen, block, B, routing source): every system of a
     live run routes exactly like gpu_only, so the latest run stands for the row."""
     rows: dict[tuple, dict[str, Any]] = {}
     for record in sorted((r for r in records if r.get("routing")), key=lambda r: r.get("order", 0)):
         stats = record["routing"]
-        rows[(*(record.get(k) for k in ROUTING_KEYS), stats.get("B"))] = record
+        rows[(*(record.get(k) for k in ROUTING_KEYS), stats.get("B"), routing_of(record))] = record
     if not rows:
         return ""
 
@@ -336,12 +343,13 @@ def routing_markdown(records: list[dict[str, Any]]) -> str:
         show = "n/a" if value is None else f"{value:.3g}"
         return show if uniform is None else f"{show} ({uniform:.3g})"
 
-    headers = [LABELS.get(k, k) for k in ROUTING_KEYS] + ["B", *STAT_KEYS, "cosine k=1..3"]
+    headers = [LABELS.get(k, k) for k in ROUTING_KEYS] + ["B", *STAT_KEYS, "cosine k=1..3", "routing"]
     lines = []
     for key, record in rows.items():
         stats, uniform = record["routing"], record["routing"].get("uniform") or {}
         cos = ", ".join("n/a" if c is None else f"{c:.2f}" for c in (stats.get("cosine_by_k") or [])[:3])
-        lines.append([str(v) for v in key] + [cell(stats.get(k), uniform.get(k)) for k in STAT_KEYS] + [cos])
+        lines.append([str(v) for v in key[:-1]] + [cell(stats.get(k), uniform.get(k)) for k in STAT_KEYS]
+                     + [cos, key[-1]])
     return ("\n## Routing statistics (uniform routing in parentheses)\n\n" + markdown(headers, lines))
 
 

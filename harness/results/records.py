@@ -79,6 +79,7 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "routing": result.routing,
         "cost_breakdown": result.cost_breakdown,
         "trace": ident.trace,  # a replay's trace file (routing statistics in the report)
+        "routing_source": ident.routing_source,  # imported routing (docs/real-routing.md); None: recorded here
         "tau_curve": result.system_report.get("lat_curve"),  # TIDE's objective over tau = 1..T
         "system_name": ident.system or system.get("name"),
         "settings": run_settings(result),

@@ -26,10 +26,11 @@ from typing import Any
 from harness.common.files import read_json, write_json_atomic
 from harness.traces.routing_stats import routing_metrics
 
-SCHEMA = 5  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
+SCHEMA = 6  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
-OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from", "calibration")  # written only when set
+OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from", "calibration", "routing_source",
+                     "hints")  # written only when set
 
 
 # numbers in `metrics` that the config, the budget and the model fix before the run starts:
@@ -68,6 +69,8 @@ class RunIdentity:
     replay: str | None = None  # replays: how the trace was replayed
     trace_derived_from: str | None = None  # replays of a no-cache trace derived from a prefix-cached one
     calibration: str | None = None  # replays: the calibration trace the system learned from
+    routing_source: str | None = None  # replays: where the trace's routing came from, if not this harness (imported)
+    hints: str | None = None  # replays, hint-using systems: recorded | next_layer_loads | none (the stand-in)
 
 
 @dataclass
@@ -230,7 +233,8 @@ class RunResult:
         charged = "; charged as itself, a smoke-test model: copies cost ~nothing, tokens/s does not rank systems" \
             if (self.config.get("model") or {}).get("nominal") == "proxy" else ""
         lines = [
-            f"[{ident.system}] model={ident.model} ({ident.weights} weights{charged}) budget={b['name']} "
+            f"[{ident.system}] model={ident.model} ({ident.weights} weights{charged}{routing_note(ident)}) "
+            f"budget={b['name']} "
             f"B={b['experts_per_layer']} cache={ident.decode_cache} hardware={ident.hardware}{charging}: "
             f"{m['prompts']} prompts, {m['generated_tokens']} tokens, {steps_text(m)} | "
             f"{speed} | miss {100 * m['miss_rate']:.1f}%, io {m['io_gb']:.2f} GB, cpu expert tokens "
@@ -276,7 +280,7 @@ class RunResult:
             "harness.kind": "job",
             "system": ident.system, "model": ident.model, "weights": ident.weights,
             "timing": self.timing.kind, "hardware": ident.hardware,
-            "decode_cache": ident.decode_cache, "budget": budget,
+            "decode_cache": ident.decode_cache, "budget": budget, "routing_source": ident.routing_source,
             "git_commit": git_commit, "mlflow.source.git.commit": git_commit,
             "machine": self.versions.get("machine") or platform.node(),
             "run_dir": str(run_dir.resolve()), "config_hash": config_hash,
@@ -327,6 +331,13 @@ def run_params(config: Mapping[str, Any]) -> dict[str, str]:
     # hardware.sources: long citations, one per constant; they are in the config.yaml artifact
     return {k: param_value(v) for k, v in flatten(config).items()
             if not k.startswith(("tracking.", "hydra.", "hardware.sources."))}
+
+
+def routing_note(ident: RunIdentity) -> str:
+    """', imported routing, hints=none' for a replay of routing recorded elsewhere: the
+    summary line says which routing the figures rest on and what a hint-using system got."""
+    note = f", {ident.routing_source} routing" if ident.routing_source else ""
+    return note + (f", hints={ident.hints}" if ident.hints and ident.hints != "recorded" else "")
 
 
 def steps_text(m: dict[str, Any]) -> str:

@@ -30,13 +30,15 @@ PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "result-schema.m
 # 3: cost breakdown, hardware estimates, calibration; 4: autoregressive phases (model families),
 # DALI's measures, lock-step serving percentiles, GEM's profiling cost, requested_tokens (4 never
 # landed before it was complete, so its fingerprint took the last of these); 5: versions.cpu_kernels
-SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "ebc498bae66d43fc", 4: "62c5cef9777989fe", 5: "051f9a55a955f477"}
+SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "ebc498bae66d43fc", 4: "62c5cef9777989fe", 5: "051f9a55a955f477",
+                       6: "09dafde9ad946ca1"}
 
 # (heading, dataclass or None, its table, what it describes)
 RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [
     ("Sections (RunResult)", RunResult, f.RESULT_FIELDS, "The sections of result.json."),
     ("Identity (RunIdentity)", RunIdentity, f.IDENTITY_FIELDS,
-     "Top-level strings; backend, trace, replay and trace_derived_from only where set."),
+     "Top-level strings; backend, trace, replay, trace_derived_from, calibration, routing_source and hints only "
+     "where set."),
     ("Timing (Timing)", Timing, f.TIMING_FIELDS, "`timing` in result.json is `kind`."),
     ("Decoded outputs (DecodedOutputs)", DecodedOutputs, f.DECODED_FIELDS, "Live runs only."),
     ("`budget` (Budget)", Budget, f.BUDGET_FIELDS, "The resolved budget (harness/accounting/budget.py)."),

@@ -28,8 +28,8 @@ RESULT_FIELDS: dict[str, Entry] = {  # RunResult: result.json's sections (JSON k
     "step_series": ("-", "one point per forward: the `step_series` record below"),
     "decoded": ("-", "live runs: `outputs`, `steps` and `first_text` (written flat)"),
     "workload": ("-", "the prompts decoded: the `workload` record below (MLflow's dataset input)"),
-    "routing": ("-", "with trace.record=true: routing statistics of the run's trace and their values under "
-                     "uniform routing (harness/traces/routing_stats.py)"),
+    "routing": ("-", "with trace.record=true, and replays of an imported trace: routing statistics of the run's "
+                     "trace and their values under uniform routing (harness/traces/routing_stats.py)"),
     "run_dir": ("-", "not written: the directory a result was read from or written to (harness.run sets it)"),
     "started_at": ("s (unix time)", "when the job started (before the model or trace was loaded)"),
     "finished_at": ("s (unix time)", "when its result was complete (just before result.json was written)"),
@@ -53,7 +53,12 @@ IDENTITY_FIELDS: dict[str, Entry] = {  # RunIdentity: top-level strings
     "trace": ("-", "replays: the trace file"),
     "replay": ("-", "replays: how the trace was replayed (batch | layer by layer)"),
     "trace_derived_from": ("-", "replays of a no-cache trace derived from a prefix-cached recording: that recording"),
-    "calibration": ("-", "replays: the calibration trace file the system learned from (null: none)"),
+    "calibration": ("-", "replays: the calibration trace file the system learned from (null: none), or the trace's "
+                         "held-out requests (calibration.from_workload with an explicit trace.path)"),
+    "routing_source": ("-", "replays of routing recorded elsewhere: imported (python -m harness.traces import, "
+                            "docs/real-routing.md); absent: recorded by this harness"),
+    "hints": ("-", "replays, systems that read next-layer hints: recorded | next_layer_loads (an import's perfect "
+                   "predictor) | none (no hints in the trace: the prefetch predicts nothing)"),
 }
 
 TIMING_FIELDS: dict[str, Entry] = {
@@ -282,8 +287,9 @@ METRIC_PATTERNS: dict[str, tuple[str, str, str]] = {  # regular expression: (uni
         "fraction", _MEASURES, "a B-expert cache per layer replayed over the run's trace with DALI's workload "
                                "replacement, LRU or LFU: demanded experts found cached / demanded"),
     r"routing_(uniform_)?(distinct_experts_per_layer_step|top_b_share|unused_experts_per_layer|popularity_cv|"
-    r"cross_prompt_popularity_corr|tokens_per_denoise_step|top_b_share_step|load_entropy|cosine_k\d+)": (
-        "see harness/traces/routing_stats.py", "routing (trace.record=true)",
+    r"cross_prompt_popularity_corr|tokens_per_denoise_step|top_b_share_step|load_entropy|temporal_locality|"
+    r"lru_hit_rate|load_entropy_prefill|load_entropy_decode|prefill_decode_popularity_corr|cosine_k\d+)": (
+        "see harness/traces/routing_stats.py", "routing (trace.record=true; replays of an imported trace)",
         "routing_<statistic> of the run's trace, routing_uniform_<statistic> the same under uniform routing "
         "(the README's \"How realistic is the proxy's routing\")"),
 }

@@ -25,6 +25,13 @@ All of them read a `RoutingTrace` (loads [forwards, MoE layers, experts]):
   load_entropy                     entropy of a layer's popularity over the run divided by
                                    log(E) (1 = perfectly even), mean over layers
   forwards                         denoising forwards in the trace
+  temporal_locality                share of a token's experts the previous token used at the same
+                                   layer (autoregressive decodes; harness/traces/locality.py)
+  lru_hit_rate                     hit rate of a per-layer LRU cache of lru_B = E/4 experts over
+                                   each prompt's decode tokens (harness/traces/locality.py)
+  load_entropy_prefill,            load entropy of the prefill forwards and of the decoding ones,
+  load_entropy_decode,             and how well a prompt's prefill popularity predicts its own
+  prefill_decode_popularity_corr   decoding popularity (Pearson; harness/traces/locality.py)
 
 "Over the run" counts every forward (prefill, denoising and commit): all of them are
 served by the resident experts. `uniform_statistics` computes the same numbers for a trace
@@ -42,10 +49,13 @@ import torch
 
 from harness.common.errors import HarnessError, exit_with
 from harness.placement.trace import RoutingTrace
+from harness.traces.locality import lru_capacity, lru_hit_rate, prefill_decode, single_token_runs, temporal_locality
 from harness.traces.stability import stability_table
 
 STAT_KEYS = ("distinct_experts_per_layer_step", "top_b_share", "unused_experts_per_layer", "popularity_cv",
-             "cross_prompt_popularity_corr", "tokens_per_denoise_step", "top_b_share_step", "load_entropy")
+             "cross_prompt_popularity_corr", "tokens_per_denoise_step", "top_b_share_step", "load_entropy",
+             "temporal_locality", "lru_hit_rate", "load_entropy_prefill", "load_entropy_decode",
+             "prefill_decode_popularity_corr")
 
 
 def _finite(x: float) -> float | None:
@@ -133,9 +143,14 @@ def routing_statistics(trace: RoutingTrace, b: int, max_k: int = 8) -> dict[str,
         "top_b_share_step": top_b_share(loads[denoise], b),
         "load_entropy": load_entropy(popularity),
     }
+    runs = single_token_runs(trace)
+    capacity = lru_capacity(trace.n_experts)
+    stats.update(temporal_locality=temporal_locality(runs), lru_hit_rate=lru_hit_rate(runs, capacity),
+                 **prefill_decode(trace, load_entropy, pearson_rows))
     out: dict[str, Any] = {k: _finite(v) for k, v in stats.items()}
     out["cosine_by_k"] = [_finite(c) for c in cosine]
     out["B"] = b
+    out["lru_B"] = capacity
     out["forwards"] = int(denoise.sum())
     return out
 

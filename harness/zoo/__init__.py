@@ -6,6 +6,7 @@ the registry every name list, config node and kind-dependent check is built from
   families.py                 the transformers family entries, one per family
   ar_generate.py              the autoregressive families' decode driver (transformers' generate)
   diffusiongemma_generate.py  DiffusionGemma's decode driver (its own generate and sampler)
+  config_only.py              the models known only by their config.json (replay imported traces only)
 
 Between harness/decode (the loop, which calls an entry's driver through `LoadedModel`) and
 the packages above, which ask the entries (docs/architecture.md). Adding a family is its
@@ -14,11 +15,12 @@ config JSON and its entry (docs/adding-a-model-family.md).
 
 from __future__ import annotations
 
+from harness.zoo.config_only import CONFIG_ONLY
 from harness.zoo.entry import ModelEntry, register
 from harness.zoo.families import FAMILIES
 from harness.zoo.llada2 import LLADA2
 
 # The built-in entries, in the order `model=` lists their models.
-ENTRIES: tuple[ModelEntry, ...] = (LLADA2, *FAMILIES)
+ENTRIES: tuple[ModelEntry, ...] = (LLADA2, *FAMILIES, CONFIG_ONLY)
 for _entry in ENTRIES:
     register(_entry)

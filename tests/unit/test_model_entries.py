@@ -5,6 +5,7 @@ an imported trace and refuses a live run."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from harness.cli.help import help_text
 from harness.cli.hints import group_options
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
-from harness.families.geometry import family_names
+from harness.families.geometry import CONFIG_DIR, family_names
 from harness.families.registry import nominal_geometry as family_nominal
 from harness.job.config import register_configs, stored_options
 from harness.job.live import run_job
@@ -27,6 +28,7 @@ from harness.placement.system import MoEGeometry
 from harness.tracking.run_files import experiment_name
 from harness.tracking.settings import TrackingConfig
 from harness.zoo import ENTRIES
+from harness.zoo.config_only import CONFIG_ONLY
 from harness.zoo.entry import (
     Capabilities,
     ModelConfig,
@@ -34,6 +36,7 @@ from harness.zoo.entry import (
     ModelNode,
     entries,
     load_model,
+    model_entry,
     model_names,
     nominal_geometry,
     registered,
@@ -51,22 +54,36 @@ ROUTING_ONLY = ModelEntry(name="routing_only", label="Routing-only",
                           capabilities=Capabilities(live_decode=False), geometry=lambda cfg: family_nominal("olmoe"))
 
 
+def model_overrides(name: str, tmp_path: Path) -> list[str]:
+    """A replay-only model composes only as a replay; model=hf also needs a config.json
+    (Mixtral's published one here)."""
+    if CONFIG_ONLY is not model_entry(name):
+        return [f"model={name}"]
+    if name != "hf":
+        return [f"model={name}", "source=trace", "trace.path=trace.npz"]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(json.loads((CONFIG_DIR / "mixtral.json").read_text())["config"]))
+    return [f"model={name}", "source=trace", "trace.path=trace.npz", f"model.path={config}"]
+
+
 # ---- one list of names ----------------------------------------------------------------------
 
 
 def test_the_model_names_are_the_entries_models_in_their_order() -> None:
-    assert [e.name for e in entries()] == [e.name for e in ENTRIES] == ["llada2", *(f.name for f in FAMILIES)]
-    assert model_names() == ["tiny", "mini", "flash", "diffusiongemma", "qwen3_moe", "mixtral", "olmoe"]
+    assert [e.name for e in entries()] == [e.name for e in ENTRIES] == ["llada2", *(f.name for f in FAMILIES),
+                                                                        "config_only"]
+    assert model_names() == ["tiny", "mini", "flash", "diffusiongemma", "qwen3_moe", "mixtral", "olmoe", "hf",
+                             "qwen3_235b_a22b", "deepseek_v3", "gpt_oss_120b", "llama4_scout"]
     assert LLADA2.names == tuple(PROXY_SHAPES)  # every LLaDA2 model has its proxy shape
     assert sorted(f.name for f in FAMILIES) == family_names()  # every stored family config has its entry
 
 
-def test_the_hydra_model_options_are_the_entries_models() -> None:
+def test_the_hydra_model_options_are_the_entries_models(tmp_path: Path) -> None:
     assert group_options("model") == sorted(model_names()) == sorted(stored_options()["model"])
     assert not (REPO / "conf" / "model").exists()  # no second list of options in YAML
     for entry in ENTRIES:
         for node in entry.models:
-            cfg = compose_checked([f"model={node.name}"])
+            cfg = compose_checked(model_overrides(node.name, tmp_path))
             assert (cfg.model.name, cfg.model.nominal, cfg.model.entry) == (node.name, node.nominal, entry)
     text = help_text()
     assert "    olmoe                        allenai/OLMoE-1B-7B (6.9B total, 1.3B active)" in text
@@ -74,10 +91,11 @@ def test_the_hydra_model_options_are_the_entries_models() -> None:
 
 def test_an_unknown_model_names_the_entries_models() -> None:
     with pytest.raises(HarnessError, match=r"model.name='huge' is not allowed; use one of tiny, mini, flash, "
-                                           r"diffusiongemma, qwen3_moe, mixtral, olmoe"):
+                                           r"diffusiongemma, qwen3_moe, mixtral, olmoe, hf, qwen3_235b_a22b"):
         ModelConfig(name="huge", nominal="proxy")
     with pytest.raises(HarnessError, match="model=llama is not an option of group 'model'; choose one of: "
-                                           "diffusiongemma, flash, mini, mixtral, olmoe, qwen3_moe, tiny"):
+                                           "deepseek_v3, diffusiongemma, flash, gpt_oss_120b, hf, llama4_scout, "
+                                           "mini, mixtral, olmoe, qwen3_235b_a22b, qwen3_moe, tiny"):
         compose_checked(["model=llama"])
 
 
@@ -95,13 +113,13 @@ def test_a_name_taken_twice_and_an_entry_missing_a_live_part_are_programming_err
 # ---- capabilities, not kinds ------------------------------------------------------------------
 
 
-def test_every_geometry_is_a_moe_geometry() -> None:
+def test_every_geometry_is_a_moe_geometry(tmp_path: Path) -> None:
     """Each entry's nominal geometry offers every member of the protocol the accounting types
     it by (harness/placement/system.py)."""
     members = [n for n in vars(MoEGeometry) if not n.startswith("_")]
     assert {"num_experts", "expert_bytes", "attention_params", "max_position_embeddings", "to_dict"} <= set(members)
     for name in model_names():
-        geometry = nominal_geometry(compose_checked([f"model={name}"]).model)
+        geometry = nominal_geometry(compose_checked(model_overrides(name, tmp_path)).model)
         missing = [m for m in members if getattr(geometry, m, None) is None]
         assert not missing, (name, missing)
         assert isinstance(geometry.to_dict(), dict)
