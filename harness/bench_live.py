@@ -82,6 +82,7 @@ class Clock:
 
     cpu: float = 0.0
     wall: float = 0.0
+    calls: int = 0
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -118,6 +119,7 @@ class Phases:
                 clock = self.clocks.setdefault(name, Clock())
                 clock.cpu += cpu
                 clock.wall += wall
+                clock.calls += 1
                 if self.stack:  # the outer phase did not spend this time itself
                     outer = self.clocks.setdefault(self.stack[-1][0], Clock())
                     outer.cpu -= cpu
@@ -184,18 +186,35 @@ def read_floor(path: Path) -> Clock:
     return timed(read)[1]
 
 
-def matmul_floor(rows: int, hidden: int, intermediate: int, repeats: int) -> Clock:
-    """`rows` token-expert rows through one expert's shapes as one dense matmul chain, `repeats` times."""
+def batched_floor(n_experts: int, hidden: int, intermediate: int, rows: int, calls: int) -> Clock:
+    """The routed experts' arithmetic alone: `rows` token-expert rows, each with its own
+    expert's weights already gathered, as one batched matmul per projection, `calls` times
+    (what a forward's layers compute, without finding, gathering or summing anything)."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, hidden, generator=g)
-    gate_up, down = torch.randn(2 * intermediate, hidden, generator=g), torch.randn(hidden, intermediate, generator=g)
+    experts = torch.randint(0, n_experts, (rows,), generator=g)
+    gate_up = torch.randn(n_experts, hidden, 2 * intermediate, generator=g)[experts]  # [R, H, 2I]
+    down = torch.randn(n_experts, intermediate, hidden, generator=g)[experts]  # [R, I, H]
+    x = torch.randn(rows, 1, hidden, generator=g)
 
-    def chain() -> None:
-        for _ in range(repeats):
-            gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-            F.linear(F.silu(gate) * up, down)
-    chain()
-    return timed(chain)[1]
+    def arithmetic() -> None:
+        for _ in range(calls):
+            gate, up = torch.bmm(x, gate_up).chunk(2, dim=-1)
+            torch.bmm(F.silu(gate) * up, down)
+    arithmetic()
+    return timed(arithmetic)[1]
+
+
+def expert_shape(loaded: LoadedModel) -> tuple[int, int, int, int]:
+    """(experts per layer, hidden size, expert width, routed experts per token) of the loaded model."""
+    if loaded.kind == "llada2":
+        c = loaded.model.config
+        return c.num_experts, c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok
+    bridge = attach(loaded.model, LocalRouter())
+    experts = bridge.sites[0].experts
+    n, hidden = experts.gate_up_proj.shape[0], experts.hidden_dim
+    width, top_k = experts.down_proj.numel() // (n * hidden), bridge.geometry.num_experts_per_tok
+    detach(loaded.model)
+    return n, hidden, width, top_k
 
 
 def phase_targets(loaded: LoadedModel, phases: Phases) -> list[Target]:
@@ -273,15 +292,13 @@ def measure_model(name: str, system: str, gen_length: int, build: bool) -> dict[
     for phase, clock in sorted(phases.clocks.items()):
         row[f"{phase}_ms_per_forward"] = 1e3 * clock.cpu / forwards
     row["other_ms_per_forward"] = 1e3 * max(0.0, whole.cpu - measured) / forwards
-    geometry = nominal_geometry(cfg.model) if loaded.kind == "llada2" else loaded.model.config
-    rows = batch.routed_tokens * int(getattr(geometry, "num_experts_per_tok", 1) or 1)
-    layers = int(getattr(geometry, "n_moe_layers", 0) or getattr(geometry, "num_hidden_layers", 1))
+    n_experts, hidden, width, top_k = expert_shape(loaded)
     experts = phases.clocks.get("experts")
-    if experts is not None and loaded.kind == "llada2":
-        cfg_model = loaded.model.config
-        floor = matmul_floor(max(1, rows // max(1, forwards)), cfg_model.hidden_size,
-                             cfg_model.moe_intermediate_size, forwards * layers)
-        row["experts_vs_matmul"] = experts.cpu / max(floor.cpu, 1e-9)
+    if experts is not None and experts.calls:  # one call per MoE layer per forward
+        rows_per_call = batch.routed_tokens * top_k / forwards
+        floor = batched_floor(n_experts, hidden, width, max(1, round(rows_per_call)), experts.calls)
+        row["experts_floor_ms_per_forward"] = 1e3 * floor.cpu / forwards
+        row["experts_vs_batched"] = experts.cpu / max(floor.cpu, 1e-9)
     return row
 
 
