@@ -40,14 +40,14 @@ from harness.accounting.profiling import load_hardware
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError, exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
-from harness.decode.loading import load_model, nominal_geometry
 from harness.engine.engine import OffloadEngine
 from harness.job.config import register_configs
 from harness.job.replay import check_geometry
-from harness.model import LLaDA2Config
 from harness.placement.steps import StepInfo
+from harness.placement.system import MoEGeometry
 from harness.placement.trace import RoutingTrace
 from harness.traces.batch_replay import replay_trace, summary_differences
+from harness.zoo.entry import load_model, nominal_geometry
 from systems.registry import REGISTRY, SYSTEMS, entry_of, make_system
 
 BENCH_SYSTEMS = tuple(name for name, entry in REGISTRY.items() if not entry.multi_gpu)  # one-GPU systems
@@ -56,7 +56,7 @@ ARGS = {"model": "mini", "trace": None, "steps": "256", "budget": "10GB", "forwa
 FORMATS = ("table", "json")
 
 
-def synthetic_trace(geometry: LLaDA2Config, steps: int, tokens: int, block: int = 32, seed: int = 0) -> RoutingTrace:
+def synthetic_trace(geometry: MoEGeometry, steps: int, tokens: int, block: int = 32, seed: int = 0) -> RoutingTrace:
     """Tokens with fixed per-layer preference logits that drift a little each step."""
     g = torch.Generator().manual_seed(seed)
     layers, experts, k = geometry.n_moe_layers, geometry.num_experts, geometry.num_experts_per_tok
@@ -74,7 +74,7 @@ def synthetic_trace(geometry: LLaDA2Config, steps: int, tokens: int, block: int 
     return trace
 
 
-def _prepared_engine(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
+def _prepared_engine(name: str, trace: RoutingTrace, geometry: MoEGeometry, b: int,
                      cost: CostModel) -> OffloadEngine:
     system = make_system(name, {})
     engine = OffloadEngine(system, geometry, b, cost)
@@ -82,7 +82,7 @@ def _prepared_engine(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: 
     return engine
 
 
-def live_run(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
+def live_run(name: str, trace: RoutingTrace, geometry: MoEGeometry, b: int,
              cost: CostModel) -> tuple[float, float, float, dict]:
     """(seconds, seconds inside System.plan, the engine's own seconds, summary) of the
     live path over `trace`."""
@@ -93,7 +93,7 @@ def live_run(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int,
     return time.perf_counter() - start, host["host_plan_s"], host["host_engine_s"], summary
 
 
-def bench_system(name: str, trace: RoutingTrace, geometry: LLaDA2Config, b: int, cost: CostModel,
+def bench_system(name: str, trace: RoutingTrace, geometry: MoEGeometry, b: int, cost: CostModel,
                  repeats: int = 3) -> dict:
     layer_steps = len(trace) * trace.n_layers
     runs = sorted((live_run(name, trace, geometry, b, cost) for _ in range(repeats)), key=lambda r: r[0])
@@ -168,7 +168,7 @@ def main(argv: list[str]) -> int:
     cfg = compose_checked([f"model={args['model']}", f"budget={args['budget']}"])
     geometry = nominal_geometry(cfg.model)
     cost = CostModel(geometry, load_hardware(cfg.hardware, geometry))
-    b = resolve_budget(cfg.budget, geometry, cfg.model.name).experts_per_layer
+    b = resolve_budget(cfg.budget, geometry, cfg.model.entry.capabilities.paper_budgets).experts_per_layer
     if args["trace"]:
         trace = RoutingTrace.load(Path(args["trace"]))
         check_geometry(trace, geometry, Path(args["trace"]), str(args["model"]))

@@ -16,11 +16,11 @@ from dataclasses import replace
 
 from harness.cli.overrides import compose_checked
 from harness.decode.decoding import DecodeSettings
-from harness.decode.loading import load_model
 from harness.decode.workload import load_prompts
 from harness.job.artifacts import record_trace
 from harness.job.config import register_configs
 from harness.placement.trace import derive_no_cache
+from harness.zoo.entry import load_model
 
 
 def main(argv: list[str]) -> int:

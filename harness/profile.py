@@ -36,9 +36,9 @@ from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError, exit_with
 from harness.common.files import write_atomic, write_json_atomic
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
-from harness.decode.loading import nominal_geometry
 from harness.job.config import register_configs
-from harness.model.config import LLaDA2Config
+from harness.placement.system import MoEGeometry
+from harness.zoo.entry import nominal_geometry
 
 COMMAND = KeyValueCommand("python -m harness.profile", "measure this machine into a hardware profile a run accepts", [
     Option("model", "whose nominal expert shape to time", "mini"),
@@ -75,7 +75,7 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - start
 
 
-def dense_check(geometry: LLaDA2Config, hw: HardwareConfig, dense_max: int, reps: int) -> dict[str, Any]:
+def dense_check(geometry: MoEGeometry, hw: HardwareConfig, dense_max: int, reps: int) -> dict[str, Any]:
     """Every token count 1..dense_max measured against the table's interpolation: the
     relative error of the charge between tile boundaries."""
     tokens = [n for n in range(1, dense_max + 1) if n not in hw.cpu_table_tokens]
@@ -89,7 +89,7 @@ def dense_check(geometry: LLaDA2Config, hw: HardwareConfig, dense_max: int, reps
             "max_error_at_tokens": tokens[worst], "mean_rel_error": sum(errors) / len(errors)}
 
 
-def fitted_cpu_roofline(geometry: LLaDA2Config, tokens: list[int], seconds: list[float], mem_gbps: float
+def fitted_cpu_roofline(geometry: MoEGeometry, tokens: list[int], seconds: list[float], mem_gbps: float
                         ) -> dict[str, float]:
     """The CPU roofline through the table's ends: the overhead is what one token takes
     beyond streaming the weights, the throughput what the largest call needs beyond it."""

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import torch
 
-from harness.decode.ar_generate import ar_generate
 from harness.decode.decoding import DecodeSettings, decode
-from harness.decode.diffusiongemma_generate import diffusiongemma_generate
 from harness.decode.workload import encode_prompt, read_humaneval_prompts
 from harness.families.bridge import attach, detach
 from harness.families.geometry import family_names
@@ -34,6 +32,8 @@ from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
 from harness.traces.routing_stats import routing_statistics, uniform_statistics
 from harness.training.proxy_cache import corpus_for, ensure_proxy
+from harness.zoo.ar_generate import ar_generate
+from harness.zoo.diffusiongemma_generate import diffusiongemma_generate
 
 KEYS = ("load_entropy", "popularity_cv", "unused_experts_per_layer", "top_b_share", "top_b_share_step",
         "distinct_experts_per_layer_step", "cross_prompt_popularity_corr")

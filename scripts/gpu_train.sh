@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Train the mini proxy on a GPU (recipe=gpu, issue 12) and measure what it learned, sized
+# Train the mini proxy on a GPU (recipe=gpu, docs/proxies.md) and measure what it learned, sized
 # for about 10 minutes of a lent GPU. Run it after scripts/gpu_check.sh, or in a session of
 # its own:
 #
 #   OUT=/some/dir bash scripts/gpu_train.sh
 #
-# 1. the CUDA training test (tests/unit/test_training.py -m cuda);
+# 1. the CUDA training test (tests/integration/test_training.py -m cuda);
 # 2. python -m harness.train model=mini recipe=gpu: training.json (loss, masked CE by mask
 #    ratio, wall time), the loss curve and a sample decode;
 # 3. a gpu_only run (backend=cpu) on the trained proxy with a routing trace, and its statistics
@@ -25,7 +25,7 @@ export HARNESS_CACHE="$OUT/cache"
 
 if [ "$RECIPE" = gpu ]; then
   echo "== 1. CUDA training test"
-  timeout 150 python -m pytest tests/unit/test_training.py -q -m cuda -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
+  timeout 150 python -m pytest tests/integration/test_training.py -q -m cuda -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
   echo "pytest exit $?"; tail -3 "$OUT/pytest_cuda.txt"
 fi
 

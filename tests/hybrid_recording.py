@@ -24,10 +24,9 @@ from harness.engine.engine import OffloadEngine
 from harness.hybrid.attach import attach
 from harness.hybrid.device import Op, StandInRuntime
 from harness.hybrid.executor import HybridExecutor, wrap
-from harness.model.checkpoint import from_pretrained, load_tokenizer
-from harness.model.proxy import proxy_config
 from harness.placement.plan import LayerPlan
 from harness.placement.trace import RoutingTrace
+from harness.zoo.entry import ModelConfig, load_model
 from systems.registry import make_system
 
 B = 16  # tiny: 256 experts, top-8; a decode step routes up to 8 x 8 pairs, so misses are common
@@ -123,8 +122,8 @@ class Recorder:
 
 
 def load_tiny(tiny_dir: Path) -> LoadedModel:
-    return LoadedModel(from_pretrained(tiny_dir), load_tokenizer(tiny_dir), "random-proxy", tiny_dir,
-                       proxy_config("tiny"))
+    """The tiny proxy at tiny_dir, loaded by its entry (charged as itself)."""
+    return load_model(ModelConfig(name="tiny", nominal="proxy", path=str(tiny_dir)), tiny_dir)
 
 
 def record_run(tiny_dir: Path, calibration: RoutingTrace, variant: str) -> Recording:

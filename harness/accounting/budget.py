@@ -17,11 +17,11 @@ over every (layer, expert) pair then. The engine checks the total after every pl
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from harness.common.errors import HarnessError
-from harness.model.config import LLaDA2Config
+from harness.placement.system import MoEGeometry
 
 GB = 1e9
 SCOPES = ("per_layer", "global")
@@ -39,9 +39,10 @@ class BudgetConfig:
     reserve_gb: float = 0.5
     max_experts_per_layer: int | None = None
     scope: str = "per_layer"  # per_layer | global (B x MoE layers in total, any split)
-    # the models a pinned experts_per_layer applies to (the paper's settings pin B for the
-    # LLaDA2 models); any other model derives B from gpu_gb. Empty: every model.
-    pinned_for: list[str] = field(default_factory=list)
+    # true: the pinned experts_per_layer is the paper's setting and applies only to the models
+    # whose entry takes the paper's budgets (the LLaDA2 models, harness/zoo); any other model
+    # derives B from gpu_gb. false: the pin applies to every model.
+    paper: bool = False
 
     def __post_init__(self) -> None:
         """The checks that need no model (resolve_budget checks B against its experts)."""
@@ -96,12 +97,11 @@ def _check_experts(cfg: BudgetConfig, n_experts: int) -> None:
         )
 
 
-def resolve_budget(cfg: BudgetConfig, geometry: LLaDA2Config, model: str | None = None) -> Budget:
-    """B for `model` (its geometry) under this budget, with the figures a run logs. A pinned
-    B applies only to the models `pinned_for` names (every model when it names none or when
-    the model is not named)."""
-    pinned_elsewhere = cfg.pinned_for and model is not None and model not in cfg.pinned_for
-    if cfg.experts_per_layer is not None and pinned_elsewhere:
+def resolve_budget(cfg: BudgetConfig, geometry: MoEGeometry, paper_model: bool = True) -> Budget:
+    """B for a model of this geometry under this budget, with the figures a run logs. A pin
+    that is the paper's (`cfg.paper`) applies only to a model that takes the paper's budgets
+    (`paper_model`: its entry says so, harness/zoo); any other derives B from gpu_gb."""
+    if cfg.experts_per_layer is not None and cfg.paper and not paper_model:
         cfg = replace(cfg, experts_per_layer=None)
     _check_experts(cfg, geometry.num_experts)
     non_expert = geometry.non_expert_bytes(BYTES_PER_PARAM)

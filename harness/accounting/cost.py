@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from harness.common.errors import HarnessError
-from harness.model.config import LLaDA2Config
+from harness.placement.system import MoEGeometry
 
 BYTES_PER_PARAM = 2  # bf16 weights everywhere in the model
 # The profile's constants, each of which names its source in `sources` (docs/hardware-profiles.md)
@@ -149,7 +149,7 @@ class HardwareConfig:
             raise HarnessError("hardware.cpu_table_tokens must be strictly increasing token counts >= 1")
 
 
-def expert_shape(geometry: LLaDA2Config) -> str:
+def expert_shape(geometry: MoEGeometry) -> str:
     return f"{geometry.hidden_size}x{geometry.moe_intermediate_size}"
 
 
@@ -188,7 +188,7 @@ def suffix_min(seconds: Sequence[float]) -> list[float]:
 class CostModel:
     """Seconds for experts, copies and non-expert work under one hardware profile."""
 
-    def __init__(self, geometry: LLaDA2Config, hw: HardwareConfig) -> None:
+    def __init__(self, geometry: MoEGeometry, hw: HardwareConfig) -> None:
         hw.validate()
         self.geometry = geometry
         self.hw = hw
@@ -204,7 +204,7 @@ class CostModel:
         self._time_tables: dict[str, np.ndarray] = {}
 
     @staticmethod
-    def _cpu_table(hw: HardwareConfig, geometry: LLaDA2Config) -> tuple[list[int], list[float]] | None:
+    def _cpu_table(hw: HardwareConfig, geometry: MoEGeometry) -> tuple[list[int], list[float]] | None:
         if not hw.cpu_table_tokens:
             return None
         if hw.cpu_table_shape != expert_shape(geometry):

@@ -30,7 +30,7 @@ import yaml
 from harness.accounting.cost import BYTES_PER_PARAM, HardwareConfig, expert_shape, suffix_min
 from harness.common.errors import HarnessError
 from harness.common.files import write_json_atomic
-from harness.model.config import LLaDA2Config
+from harness.placement.system import MoEGeometry
 
 PROFILE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_VERSION = 1
@@ -49,7 +49,7 @@ def _least_seconds(fn, reps: int) -> float:
     return min(samples)
 
 
-def _expert_weights(geometry: LLaDA2Config, copies: int, device: str) -> list[tuple[torch.Tensor, ...]]:
+def _expert_weights(geometry: MoEGeometry, copies: int, device: str) -> list[tuple[torch.Tensor, ...]]:
     h, i = geometry.hidden_size, geometry.moe_intermediate_size
     return [
         tuple(
@@ -65,7 +65,7 @@ def _swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.T
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
-def _expert_latency(geometry: LLaDA2Config, tokens: Sequence[int], reps: int) -> list[float]:
+def _expert_latency(geometry: MoEGeometry, tokens: Sequence[int], reps: int) -> list[float]:
     """CPU seconds of one expert call at each token count (the fastest of `reps`)."""
     # Cycle over enough distinct experts to exceed the last-level cache: a real miss
     # streams its weights from memory, not from a cache warmed by the previous call.
@@ -105,7 +105,7 @@ def _events_seconds(run: Callable[[], None], stream: torch.cuda.Stream | None = 
     return start.elapsed_time(end) / 1e3
 
 
-def _gpu_expert_latency(geometry: LLaDA2Config, tokens: Sequence[int], reps: int = GPU_REPS) -> list[float]:
+def _gpu_expert_latency(geometry: MoEGeometry, tokens: Sequence[int], reps: int = GPU_REPS) -> list[float]:
     """Device seconds of one expert call at each token count (mean over `reps` calls), cycling
     over enough distinct experts that their weights stream from HBM, not from L2."""
     copies = min(64, max(8, math.ceil(GPU_STREAMED_BYTES / geometry.expert_bytes(BYTES_PER_PARAM))))
@@ -135,7 +135,7 @@ def _hbm_gbps(nbytes: int = 1 << 29) -> float:
     return 2 * nbytes / seconds / 1e9
 
 
-def _pcie(geometry: LLaDA2Config, k: int = 8) -> tuple[float, float]:
+def _pcie(geometry: MoEGeometry, k: int = 8) -> tuple[float, float]:
     """(pinned host->device GB/s, per-expert-copy latency in us), timed on a copy stream of
     its own as the executor copies: an expert is three tensor copies, k experts back to back."""
     h, i = geometry.hidden_size, geometry.moe_intermediate_size
@@ -168,7 +168,7 @@ def _pcie(geometry: LLaDA2Config, k: int = 8) -> tuple[float, float]:
 
 
 def fit_gpu_roofline(
-    geometry: LLaDA2Config, tokens: Sequence[int], seconds: Sequence[float], hbm_gbps: float
+    geometry: MoEGeometry, tokens: Sequence[int], seconds: Sequence[float], hbm_gbps: float
 ) -> dict[str, float]:
     """The cost model's GPU expert roofline, gpu(n) = overhead + max(bytes / bw, flops(n) / F),
     through the measured latencies: bw is the measured HBM bandwidth, the overhead what the
@@ -181,7 +181,7 @@ def fit_gpu_roofline(
     return {"gpu_hbm_gbps": hbm_gbps, "gpu_bf16_tflops": flops / compute / 1e12, "gpu_call_overhead_us": overhead * 1e6}
 
 
-def _measure_gpu(geometry: LLaDA2Config) -> dict[str, Any]:
+def _measure_gpu(geometry: MoEGeometry) -> dict[str, Any]:
     """GPU expert latency at several token counts, the roofline fitted to it, and pinned
     host->device copies. Returns the profile entry's GPU part."""
     latency = _gpu_expert_latency(geometry, GPU_PROFILE_TOKENS)
@@ -212,7 +212,7 @@ def _pageable_gbps(nbytes: int = 1 << 28) -> float:
     return nbytes / best / 1e9
 
 
-def profile_local(geometry: LLaDA2Config, out_path: str | Path, reps: int = 5,
+def profile_local(geometry: MoEGeometry, out_path: str | Path, reps: int = 5,
                   tokens: Sequence[int] = PROFILE_TOKENS, command: str = "hardware=local on first use",
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Measure this machine for the expert shape of `geometry` and merge the result into
@@ -261,7 +261,7 @@ def read_profile(path: Path) -> dict[str, Any] | None:
         raise HarnessError(f"hardware profile {path} has an unknown format; delete it to re-profile")
     return profile
 
-def load_hardware(hw: HardwareConfig, geometry: LLaDA2Config) -> HardwareConfig:
+def load_hardware(hw: HardwareConfig, geometry: MoEGeometry) -> HardwareConfig:
     """The profile a run is charged with: `hw` itself for a static profile; for one
     with `profile_path` (hardware=local) the measured figures, profiling this machine
     first when the file (or this expert shape in it) is missing and profile_if_missing."""

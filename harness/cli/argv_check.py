@@ -23,6 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import HydraException
 
+from harness.cli.hints import group_options
 from harness.common.errors import HarnessError
 
 MAX_JOBS_KEY = "sweep.max_jobs"
@@ -96,11 +97,10 @@ def expand_globs(argv: list[str], conf_dir: Path) -> list[str]:
             continue
         override = parsed[0]
         key = arg.split("=", 1)[0]
-        group_dir = conf_dir / override.key_or_group
-        if not group_dir.is_dir():
+        options = group_options(override.key_or_group, conf_dir)
+        if not options:
             raise HarnessError(f"{arg}: glob() sweeps the options of a config group, and {override.key_or_group} "
                                "is not one; list the values instead (key=a,b,c)")
-        options = sorted(p.stem for p in group_dir.glob("*.yaml"))
         chosen = override.value().filter(options)
         if not chosen:
             raise HarnessError(f"{arg} matches no option of group {override.key_or_group}; its options are "

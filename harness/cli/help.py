@@ -1,8 +1,9 @@
 """`python -m harness --help`: every config group and option, and every top-level setting,
-in one line each, read from conf/ (an option's line is the first sentence of its YAML's
-leading comment, a setting's the comment above it or beside it in conf/config.yaml). The
-internal `*_schema` entries of Hydra's ConfigStore are not options and are not listed;
-`--hydra-help` still shows Hydra's own help.
+in one line each, read from conf/ and the model entries (an option's line is the first
+sentence of its YAML's leading comment or of its model's description, a setting's the
+comment above it or beside it in conf/config.yaml). The internal `*_schema` entries of
+Hydra's ConfigStore are not options and are not listed; `--hydra-help` still shows Hydra's
+own help.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import re
 
 from harness.cli.hints import CONF_DIR, group_options, groups
+from harness.job.config import stored_options
 
 GROUP_HELP = {
     "model": "the model: its published geometry (charged by the cost model) and weights",
@@ -32,9 +34,13 @@ def first_sentence(text: str, limit: int = 88) -> str:
 
 
 def option_line(group: str, option: str) -> str:
-    """The first sentence of the option's leading YAML comment."""
+    """The first sentence of the option's leading YAML comment (of its description, for an
+    option registered in code: a model, harness/zoo)."""
+    path = CONF_DIR / group / f"{option}.yaml"
+    if not path.exists():
+        return first_sentence(stored_options()[group][option])
     comments = []
-    for line in (CONF_DIR / group / f"{option}.yaml").read_text().splitlines():
+    for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
         text = line.lstrip("#").strip()

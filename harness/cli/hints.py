@@ -22,19 +22,21 @@ from hydra.errors import HydraException
 
 from harness.common.errors import HarnessError
 from harness.common.keyvalue import did_you_mean
+from harness.job.config import stored_options
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 MULTIRUN_FLAGS = ("-m", "--multirun", "hydra.mode=MULTIRUN")
 OUTSIDE_DEFAULTS = ("experiment",)  # groups that are added (+group=option), not overridden
 
 
-def group_options(group: str) -> list[str]:
-    """The options of a config group: its YAML files (the *_schema entries are not options)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The options of a config group: its YAML files, or the nodes registered in code (the
+    models, from their entries: harness/job/config.py); the *_schema entries are not options."""
+    return sorted({p.stem for p in (conf_dir / group).glob("*.yaml")} | set(stored_options().get(group, {})))
 
 
 def groups() -> list[str]:
-    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+    return sorted({p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra"} | set(stored_options()))
 
 
 def _parsed(overrides: Sequence[str]) -> list:

@@ -3,30 +3,26 @@ with an engine (or the hybrid executor that wraps it) on the model's MoE layers.
 runs, the cached calibration and workload traces (harness/job/artifacts.py) and the
 all-GPU reference all decode through here.
 
-Each kind of model decodes with its own loop, and every loop announces each forward to
-the same hook (StepInfo): LLaDA2 with the common block-diffusion loop (decoding.py), an
-autoregressive transformers family greedily through its own `generate` (ar_generate.py;
-its "block" is a window of decode.block_length decode steps), DiffusionGemma through its
-own `generate` and sampler (diffusiongemma_generate.py; a canvas of decode.block_length
-tokens denoised in at most decode.steps steps)."""
+Each kind of model decodes with its own loop, its entry's driver (harness/zoo), and every
+loop announces each forward to the same hook (StepInfo): LLaDA2 with the common
+block-diffusion loop (decoding.py), an autoregressive transformers family greedily through
+its own `generate` (harness/zoo/ar_generate.py; its "block" is a window of
+decode.block_length decode steps), DiffusionGemma through its own `generate` and sampler
+(harness/zoo/diffusiongemma_generate.py; a canvas of decode.block_length tokens denoised in
+at most decode.steps steps). How the engine joins the model's MoE layers is its entry's
+too (`LoadedModel.attach_engine`)."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from harness.common.errors import HarnessError
-from harness.decode.ar_generate import ar_generate
-from harness.decode.decoding import DecodeOutput, DecodeSettings, OnForward, decode
-from harness.decode.diffusiongemma_generate import diffusiongemma_generate
-from harness.decode.loading import LoadedModel
+from harness.decode.decoding import DecodeOutput, DecodeSettings, OnForward
+from harness.decode.loading import LoadedModel, Runner
 from harness.decode.workload import check_prompt_lengths, encode_prompt
-from harness.engine.engine import OffloadEngine
-from harness.families.bridge import attach, detach
-from harness.hybrid.executor import HybridExecutor, wrap
-from harness.model import KVCache
 from harness.placement.steps import StepInfo
 
 
@@ -40,14 +36,18 @@ class DecodeBatch:
     def generated_tokens(self) -> int:
         return sum(o.n_generated for o in self.outputs)
 
+    def forwards_of_kind(self) -> Counter[str]:
+        """How many forwards of each kind (prefill, denoise, commit, decode) the batch ran."""
+        return Counter(r.kind for o in self.outputs for r in o.records)
+
     @property
     def denoise_steps(self) -> int:
-        return sum(1 for o in self.outputs for r in o.records if r.kind == "denoise")
+        return self.forwards_of_kind()["denoise"]
 
     @property
     def decode_steps(self) -> int:
         """Autoregressive decode forwards (one token each)."""
-        return sum(1 for o in self.outputs for r in o.records if r.kind == "decode")
+        return self.forwards_of_kind()["decode"]
 
     @property
     def forwards(self) -> int:
@@ -90,17 +90,8 @@ def decode_prompts(
 
 def decode_one(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, hook: OnForward, prompt: int,
                first_global_step: int) -> DecodeOutput:
-    """One prompt with the loop of the model's kind (module docstring)."""
-    if loaded.kind == "ar":
-        return ar_generate(loaded.model, ids, settings.gen_length, loaded.eos_ids[0], hook,
-                           window=settings.block_length, prompt_index=prompt, first_global_step=first_global_step)
-    if loaded.kind == "diffusion":
-        return diffusiongemma_generate(loaded.model, ids, settings.gen_length, settings.block_length,
-                                       settings.steps, settings.seed, loaded.eos_ids, hook, prompt, first_global_step)
-    cfg = loaded.model.config
-    mine = settings.for_prompt(len(ids))  # gen_length trimmed to the prompt's bucket, if any
-    return decode(loaded.model, ids, mine, cfg.mask_token_id, cfg.eos_token_id, new_cache=KVCache, on_forward=hook,
-                  prompt_index=prompt, first_global_step=first_global_step)
+    """One prompt with the loop of the model's kind (its entry's driver)."""
+    return loaded.driver(loaded, ids, settings, hook, prompt, first_global_step)
 
 
 def encode_checked(loaded: LoadedModel, prompts: list[str], settings: DecodeSettings, what: str) -> list[list[int]]:
@@ -113,7 +104,7 @@ def encode_checked(loaded: LoadedModel, prompts: list[str], settings: DecodeSett
 class EngineHook:
     """Connects the decoding loop's per-forward hook to the engine."""
 
-    def __init__(self, engine: OffloadEngine) -> None:
+    def __init__(self, engine: Runner) -> None:
         self.engine = engine
 
     def __call__(self, step: StepInfo, n_tokens: int, n_context: int) -> None:
@@ -123,35 +114,13 @@ class EngineHook:
         self.engine.end_step()
 
 
-def decode_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecutor, prompts: list[str],
-                       settings: DecodeSettings, desc: str) -> DecodeBatch:
-    if loaded.kind != "llada2":
-        return decode_family_with_engine(loaded, engine, prompts, settings, desc)
-    runner = wrap(loaded.model, engine)  # a HybridExecutor when the model is on a device (backend=cuda|standin)
-    hook = EngineHook(runner)
-    previous = loaded.model.engine
-    loaded.model.engine = runner
-    try:
-        return decode_prompts(loaded, prompts, settings, on_forward=hook, desc=desc)
-    finally:
-        hook.close()
-        loaded.model.engine = previous
-        if runner is not engine:  # made here (calibration, reference): free its device slots
-            runner.close()
-
-
-def decode_family_with_engine(loaded: LoadedModel, engine: OffloadEngine | HybridExecutor, prompts: list[str],
-                              settings: DecodeSettings, desc: str) -> DecodeBatch:
-    """A transformers family: the bridge hands every MoE layer's routing to the engine
-    (OffloadEngine.route) and the model's own eager experts compute it, so every placement
-    gives the stock model's bits. Host only: the device executor serves LLaDA2's layers."""
-    if not isinstance(engine, OffloadEngine):
-        raise HarnessError("backend=cuda|standin executes LLaDA2 models only; a transformers family runs with "
-                           "backend=cpu (modeled timing)")
-    hook = EngineHook(engine)
-    attach(loaded.model, engine)
-    try:
-        return decode_prompts(loaded, prompts, settings, on_forward=hook, desc=desc)
-    finally:
-        hook.close()
-        detach(loaded.model)
+def decode_with_engine(loaded: LoadedModel, engine: Runner, prompts: list[str], settings: DecodeSettings,
+                       desc: str) -> DecodeBatch:
+    """Decode the prompts with the engine (or the device executor around it) serving every
+    MoE layer, joined to the model as the model's entry says (`LoadedModel.attach_engine`)."""
+    with loaded.attach_engine(loaded.model, engine) as runner:
+        hook = EngineHook(runner)
+        try:
+            return decode_prompts(loaded, prompts, settings, on_forward=hook, desc=desc)
+        finally:
+            hook.close()

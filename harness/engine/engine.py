@@ -51,11 +51,10 @@ from harness.accounting.cost import CostModel
 from harness.accounting.ledger import Counters, Ledger
 from harness.accounting.topology import SINGLE, Topology, check_system_topology
 from harness.engine.plan_rules import NO_MOVES, Moves, PlanError, PlanRules
-from harness.model.config import LLaDA2Config
 from harness.model.experts import ExpertWeights, HintFn, compute_routed_experts, expert_load
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
-from harness.placement.system import PrepareContext, System
+from harness.placement.system import MoEGeometry, PrepareContext, System
 from harness.placement.trace import RoutingTrace
 
 __all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in harness/engine/plan_rules.py
@@ -94,7 +93,7 @@ class OffloadEngine:
     def __init__(
         self,
         system: System,
-        geometry: LLaDA2Config,
+        geometry: MoEGeometry,
         experts_per_layer: int,
         cost: CostModel,
         trace: RoutingTrace | None = None,

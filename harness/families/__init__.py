@@ -4,5 +4,6 @@ published geometry (geometry.py, configs/*.json), proxies (proxies.py) and check
 loading (loading.py).
 
 Below the placement interface: nothing here imports the engine or its callers (only
-harness.common.errors, harness.common.files and transformers). The decode drivers that run these
-models live in harness/decode (ar_generate.py, diffusiongemma_generate.py)."""
+harness.common.errors, harness.common.files and transformers). Each family's entry (its
+config, its decode driver, its capabilities) lives in harness/zoo (families.py, ar_generate.py,
+diffusiongemma_generate.py)."""

@@ -186,6 +186,11 @@ class FamilyAdapter:
         `.weight` [E, H] (the proxy's balancing hooks it)."""
         return router
 
+    def forward_batch(self, model: nn.Module, batch: torch.Tensor) -> None:
+        """One forward that routes a [windows, length] batch of token ids through every MoE
+        layer (the proxy's balancing): the causal LM over the windows."""
+        model(input_ids=batch)
+
 
 def check_sites(name: str, sites: list[MoESite], geometry: FamilyGeometry) -> None:
     """Each stack has exactly the geometry's MoE layers, each once."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from harness.families.adapter import FamilyAdapter
@@ -57,6 +58,11 @@ class DiffusionGemmaAdapter(FamilyAdapter):
 
     def router_linear(self, router: nn.Module) -> nn.Module:
         return router.proj
+
+    def forward_batch(self, model: nn.Module, batch: torch.Tensor) -> None:
+        """Both stacks: the windows' first half as the prompt, the second as a canvas."""
+        half = batch.shape[1] // 2
+        model(input_ids=batch[:, :half], decoder_input_ids=batch[:, half:])
 
 
 def _layer_types(t: dict[str, Any]) -> list[str]:

@@ -1,5 +1,6 @@
 """The nominal (published) geometry of a transformers MoE family: what the budget and the
-cost model charge, under the attribute names they read from `LLaDA2Config`.
+cost model charge, under the attribute names of the `MoEGeometry` protocol
+(harness/placement/system.py), which are LLaDA2Config's.
 
 A family's geometry is derived from its published config.json (stored, with its source,
 in harness/families/configs/<name>.json) by the family's adapter, which counts the
@@ -80,7 +81,7 @@ class FamilyGeometry(ParamTotals):
         if self.num_experts_per_tok > self.num_experts:
             raise HarnessError(f"{self.name}: top-k {self.num_experts_per_tok} exceeds the {self.num_experts} experts")
 
-    # ---- the attributes the cost model and the budget read (LLaDA2Config's names) ----
+    # ---- the attributes the cost model and the budget read (MoEGeometry's, LLaDA2Config's names) ----
     @property
     def n_moe_layers(self) -> int:
         return len(self.sparse_layers)

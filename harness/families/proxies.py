@@ -62,14 +62,15 @@ def token_ids(tokenizer) -> dict[str, int]:
     return {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}
 
 
-def proxy_config(name: str, vocab_size: int, ids: dict[str, int], overrides: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
+def proxy_config(name: str, vocab_size: int, ids: dict[str, int], overrides: dict[str, Any] | None = None,
+                 family_json: dict[str, Any] | None = None) -> dict[str, Any]:
     """The proxy's config.json values (the published config at the proxy's widths); tests
-    pass `overrides` for smaller layer counts."""
-    family_json = read_family_json(name)
+    pass `overrides` for smaller layer counts. `family_json`: the family's stored config
+    (read from harness/families/configs/<name>.json when not given)."""
+    family_json = family_json if family_json is not None else read_family_json(name)
     if overrides:
         family_json = {**family_json, "proxy": _merged(family_json.get("proxy", {}), overrides)}
-    return family_adapter(name).proxy_config(family_json, vocab_size, ids)
+    return family_adapter(name, family_json).proxy_config(family_json, vocab_size, ids)
 
 
 def new_model(adapter: FamilyAdapter, config: dict[str, Any], seed: int) -> nn.Module:
@@ -126,11 +127,7 @@ def calibration_forward(model: nn.Module, adapter: FamilyAdapter, batch: torch.T
     """One forward that routes the batch through every MoE layer (both stacks of a
     diffusion model: the windows' first half as the prompt, the second as a canvas)."""
     with torch.no_grad():
-        if adapter.kind == "diffusion":
-            half = batch.shape[1] // 2
-            model(input_ids=batch[:, :half], decoder_input_ids=batch[:, half:])
-        else:
-            model(input_ids=batch)
+        adapter.forward_batch(model, batch)
 
 
 def balance_routers(model: nn.Module, adapter: FamilyAdapter, batch: torch.Tensor,
@@ -201,12 +198,13 @@ def proxy_key(config: dict[str, Any], seed: int, tokenizer, texts: Sequence[str]
 
 
 def build_proxy(name: str, seed: int, cache_dir: str | Path, tokenizer, texts: Sequence[str],
-                overrides: dict[str, Any] | None = None) -> Path:
+                overrides: dict[str, Any] | None = None, family_json: dict[str, Any] | None = None) -> Path:
     """The cached proxy checkpoint of family `name`, written on first use (see the module
     docstring); `texts` are the calibration texts (the stdlib corpus), `overrides` change
-    the proxy config (tests)."""
-    adapter = family_adapter(name)
-    config = proxy_config(name, len(tokenizer), token_ids(tokenizer), overrides)
+    the proxy config (tests), `family_json` is the family's stored config (its entry's;
+    read from harness/families/configs/<name>.json when not given)."""
+    adapter = family_adapter(name, family_json)
+    config = proxy_config(name, len(tokenizer), token_ids(tokenizer), overrides, family_json)
     directory = Path(cache_dir) / f"family-{name}-seed{seed}-{proxy_key(config, seed, tokenizer, texts)}"
     if _complete(directory):
         return directory

@@ -8,6 +8,7 @@ Mixtral, Qwen3-MoE and OLMoE differ from the generic decoder-only adapter only i
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from harness.common.errors import HarnessError
 from harness.families.adapter import FamilyAdapter
@@ -43,9 +44,10 @@ def adapter_for_model_type(model_type: object) -> FamilyAdapter:
     )
 
 
-def family_adapter(name: str) -> FamilyAdapter:
-    """The adapter a family's config names."""
-    return adapter(read_family_json(name)["adapter"])
+def family_adapter(name: str, family_json: dict[str, Any] | None = None) -> FamilyAdapter:
+    """The adapter a family's config names (`family_json`: its stored config, read from
+    harness/families/configs/<name>.json when not given)."""
+    return adapter((family_json if family_json is not None else read_family_json(name))["adapter"])
 
 
 def geometry_of(model) -> FamilyGeometry:
@@ -56,10 +58,16 @@ def geometry_of(model) -> FamilyGeometry:
 
 @cache
 def nominal_geometry(name: str) -> FamilyGeometry:
-    """The published geometry the budget and the cost model charge for family `name`."""
-    raw = read_family_json(name)
-    return family_adapter(name).geometry(name, raw["config"])
+    """The published geometry the budget and the cost model charge for family `name` (its
+    config in harness/families/configs)."""
+    return family_geometry(name, read_family_json(name))
 
 
-__all__ = ["ADAPTERS", "adapter", "adapter_for_model_type", "family_adapter", "family_names", "geometry_of",
-           "nominal_geometry"]
+def family_geometry(name: str, family_json: dict[str, Any]) -> FamilyGeometry:
+    """The published geometry of a family from its stored config (`_source`, `adapter`,
+    `config`, `proxy`; docs/adding-a-model-family.md)."""
+    return family_adapter(name, family_json).geometry(name, family_json["config"])
+
+
+__all__ = ["ADAPTERS", "adapter", "adapter_for_model_type", "family_adapter", "family_geometry", "family_names",
+           "geometry_of", "nominal_geometry"]

@@ -47,7 +47,7 @@ from harness.decode.workload import load_prompts
 from harness.job.hybrid_setup import all_gpu_engine, reference_key
 from harness.placement.trace import RoutingTrace, derive_no_cache
 from harness.traces.serving import PER_PROMPT_TOKENS
-from harness.training.proxy_cache import RESULT_WEIGHTS, corpus_for, weights_at, weights_dir
+from harness.training.proxy_cache import weights_at
 
 if TYPE_CHECKING:
     from harness.decode.loading import LoadedModel
@@ -62,7 +62,8 @@ NUMERICS_SOURCES = ("model/llada2.py", "model/experts.py", "model/checkpoint.py"
                     "model/proxy.py", "decode/decoding.py", "decode/workload.py", "training/proxy_cache.py",
                     # the transformers families: the bridge, their proxies and decode loops
                     "families/bridge.py", "families/adapter.py", "families/proxies.py", "families/loading.py",
-                    "decode/ar_generate.py", "decode/diffusiongemma_generate.py", "decode/loading.py")
+                    # the entries: how each kind loads, decodes and joins the engine
+                    "zoo/llada2.py", "zoo/families.py", "zoo/ar_generate.py", "zoo/diffusiongemma_generate.py")
 
 
 def code_fingerprint(root: Path, sources: tuple[str, ...]) -> str:
@@ -109,17 +110,13 @@ def model_identity(cfg: HarnessConfig) -> dict[str, Any]:
     """What determines routing and tokens besides the prompts and decode settings."""
     identity: dict[str, Any] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "numerics": numerics_fingerprint(),
                                 "expert_sum_order": cfg.model.expert_sum_order}
+    proxy_identity = cfg.model.entry.proxy_identity
     if cfg.model.path is not None:
         checkpoint = Path(cfg.model.path).resolve()
         identity.update(weights=weights_at(checkpoint), checkpoint=str(checkpoint),
                         checkpoint_files=checkpoint_files(checkpoint))
-    elif cfg.model.is_family:  # its proxy: rebuilt from its seed, the mini corpus and the code above
-        identity.update(weights="random-proxy", seed=cfg.model.proxy_seed, corpus=corpus_for("mini").digest)
-    else:  # a proxy is rebuilt from its seed (and corpus) by the code fingerprinted above
-        kind = cfg.model.weights
-        checkpoint = weights_dir(cfg.model.name, Path(cfg.cache_dir) / "proxies", cfg.model.proxy_seed, kind)
-        # the directory name holds the corpus digest (and, trained, the training key)
-        identity.update(weights=RESULT_WEIGHTS[kind], checkpoint=str(checkpoint.resolve()))
+    elif proxy_identity is not None:  # a proxy: rebuilt from what its entry names by the code above
+        identity.update(proxy_identity(cfg.model, Path(cfg.cache_dir)))
     return identity
 
 

@@ -26,12 +26,12 @@ from harness.accounting.topology import TopologyConfig, build_topology, check_sy
 from harness.common.checks import given, require
 from harness.common.errors import HarnessError
 from harness.decode.decoding import DecodeSettings
-from harness.decode.loading import nominal_geometry
 from harness.decode.workload import WorkloadConfig
 from harness.hybrid.backend import check_backend
 from harness.hybrid.repeats import TimingConfig
-from harness.model.settings import ModelConfig
 from harness.tracking.settings import TrackingConfig
+from harness.zoo.entry import ModelConfig, model_names, models_with, nominal_geometry
+from harness.zoo.entry import entries as model_entries
 from systems.registry import REGISTRY, SYSTEM_CONFIGS, system_from_config
 
 SOURCES = ("live", "trace")
@@ -104,18 +104,28 @@ class HarnessConfig:
             f"limit_prompts={self.limit_prompts} must be positive or null",
         )
         check_backend(self.backend)  # cuda without a GPU is a one-line error
-        require(not (self.model.is_family and self.backend in ("cuda", "standin")),
-                f"backend={self.backend} executes LLaDA2 models only; model={self.model.name} (a transformers "
-                "family) runs with backend=cpu or auto (modeled timing)")
-        require(not (self.model.is_family and self.decode.gen_length_bucket),
-                f"decode.gen_length_bucket={self.decode.gen_length_bucket} trims LLaDA2 decodes as the LLaDA2 "
-                f"reference evaluation does; model={self.model.name} generates decode.gen_length tokens: drop it")
+        if given(self.model.name):
+            self._check_model_capabilities()
         if given(self.system):  # ep_linear/gem only with topology=multi, and vice versa
             entry = REGISTRY[self.system.name]
             check_system_topology(entry.name, entry.multi_gpu, build_topology(self.topology))
             system_from_config(self.system)  # values its constructor refuses (system.tau=-3), now
         if given(self.model.name):
             self._check_lengths()
+
+    def _check_model_capabilities(self) -> None:
+        """What the run asks of the model against what its entry supports (harness/zoo)."""
+        name, caps = self.model.name, self.model.entry.capabilities
+        require(caps.live_decode or (self.source == "trace" and self.trace.path is not None),
+                f"model={name} has no weights to decode: it replays imported routing traces only; use source=trace "
+                "trace.path=<trace.npz>")
+        require(caps.device_backend or self.backend not in ("cuda", "standin"),
+                f"backend={self.backend} executes {models_with('device_backend')} only; model={name} runs with "
+                "backend=cpu or auto (modeled timing)")
+        require(caps.gen_length_bucket or not self.decode.gen_length_bucket,
+                f"decode.gen_length_bucket={self.decode.gen_length_bucket} trims the decodes of "
+                f"{models_with('gen_length_bucket')}, as their reference evaluation does; model={name} generates "
+                "decode.gen_length tokens: drop it")
 
     def _check_trace_options(self) -> None:
         """trace.record belongs to a live run and trace.path to a replay: either one in the
@@ -148,6 +158,24 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=HarnessConfig)
     _register_system_schemas(cs)
+    _register_models(cs)
+
+
+def _register_models(cs: ConfigStore) -> None:
+    """The `model` group's options are the entries' models (harness/zoo): one typed node
+    each, and none left of an entry no longer registered (a test's throwaway family)."""
+    group = cs.repo.setdefault("model", {})
+    for stale in [key for key in group if key.removesuffix(".yaml") not in model_names()]:
+        del group[stale]
+    for entry in model_entries():
+        for node in entry.models:
+            cs.store(group="model", name=node.name, node=ModelConfig(name=node.name, nominal=node.nominal))
+
+
+def stored_options() -> dict[str, dict[str, str]]:
+    """The config groups whose options are nodes registered here rather than YAML files in
+    conf/, each option with its description: the models (harness/zoo)."""
+    return {"model": {node.name: node.about for entry in model_entries() for node in entry.models}}
 
 
 def _register_system_schemas(cs: ConfigStore) -> None:

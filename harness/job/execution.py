@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 from harness.accounting.cost import CostModel
 from harness.decode.decode_batch import decode_with_engine
 from harness.decode.decoding import DecodeSettings, steps_per_block
-from harness.decode.loading import LoadedModel, load_model
+from harness.decode.loading import LoadedModel
 from harness.engine.engine import OffloadEngine
 from harness.hybrid.backend import DEVICE_BACKENDS, resolve_backend
 from harness.hybrid.executor import HybridExecutor, wrap
 from harness.job.hybrid_setup import all_gpu_engine, load_on_device, reference_key
 from harness.results.run_result import RunResult
+from harness.zoo.entry import load_model
 
 if TYPE_CHECKING:
     from harness.job.config import HarnessConfig

@@ -21,12 +21,13 @@ import torch
 from harness.accounting.cost import CostModel
 from harness.common.errors import HarnessError
 from harness.common.files import fingerprint
-from harness.decode.loading import LoadedModel, load_model
+from harness.decode.loading import LoadedModel
 from harness.engine.engine import OffloadEngine
 from harness.hybrid.attach import attach, placement_of
 from harness.hybrid.device import CudaRuntime, StandInRuntime
-from harness.model.config import LLaDA2Config
+from harness.placement.system import MoEGeometry
 from harness.placement.trace import RoutingTrace
+from harness.zoo.entry import load_model
 from systems.registry import make_system
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def slot_bytes(loaded: LoadedModel, dtype: torch.dtype | None) -> int:
     return sum(w.numel() for w in weights) * size
 
 
-def check_streamable(slots: int, memory: tuple[int, int] | None, geometry: LLaDA2Config) -> None:
+def check_streamable(slots: int, memory: tuple[int, int] | None, geometry: MoEGeometry) -> None:
     if slots < 1:
         free = memory[0] / 1e9 if memory else 0.0
         raise HarnessError(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.decode.decode_batch import DecodeBatch, decode_with_engine, encode_checked
 from harness.decode.decoding import steps_per_block
-from harness.decode.loading import LoadedModel, nominal_geometry
+from harness.decode.loading import LoadedModel
 from harness.decode.lossless import compare_tokens, load_reference, store_reference
 from harness.decode.workload import load_prompts, workload_record
 from harness.engine.engine import OffloadEngine
@@ -32,6 +32,7 @@ from harness.job.replay import run_replay
 from harness.job.setup import build_result, setup_run
 from harness.results.run_result import DecodedOutputs, RunIdentity, RunResult
 from harness.traces.routing_stats import statistics_with_uniform
+from harness.zoo.entry import nominal_geometry
 
 
 def run_job(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
@@ -59,8 +60,9 @@ def run_live(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     prompts = load_prompts(cfg.workload, cfg.limit_prompts)
     settings = cfg.decode
     setup = setup_run(cfg, nominal_geometry(cfg.model))
-    # host or device: every backend-dependent step asks it (a transformers family runs on the host)
-    execution = Execution.choose("cpu" if cfg.model.is_family and cfg.backend == "auto" else cfg.backend)
+    # host or device: every backend-dependent step asks it (auto: the host for a model the device does not serve)
+    on_device = cfg.model.entry.capabilities.device_backend
+    execution = Execution.choose("cpu" if not on_device and cfg.backend == "auto" else cfg.backend)
     t0 = time.perf_counter()
     loaded = execution.load(cfg)
     load_s = time.perf_counter() - t0

@@ -6,11 +6,12 @@ rate, harness/accounting/phases.py) and the routing trace the run decoded or rep
 (predictor precision and recall, LRU/LFU/workload cache replays at the run's B,
 harness/traces/dali_measures.py). A live run that records no trace keeps one in memory.
 
-`measures: null` (the default) computes them for the transformers families (DALI's
-setting: prefill and token-by-token decode), not for LLaDA2 runs, whose results (the
-golden grid) stay as they were; `measures=true` computes them for any offloading run,
-`measures=false` for none. Expert-parallel runs (topology=multi) have no DALI measures
-(nothing is offloaded); a gem run reports GEM's profiling cost instead.
+`measures: null` (the default) computes them for the models whose entry says so (the
+transformers families: DALI's setting, prefill and token-by-token decode; harness/zoo), not
+for LLaDA2 runs, whose results (the golden grid) stay as they were; `measures=true`
+computes them for any offloading run, `measures=false` for none. Expert-parallel runs
+(topology=multi) have no DALI measures (nothing is offloaded); a gem run reports GEM's
+profiling cost instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from systems.gem import Gem
 def wants_measures(cfg: HarnessConfig) -> bool:
     """Whether this run computes the papers' measures (module docstring): DALI's on one
     GPU, GEM's profiling cost for gem."""
-    return cfg.model.is_family if cfg.measures is None else bool(cfg.measures)
+    return cfg.model.entry.capabilities.measures_by_default if cfg.measures is None else bool(cfg.measures)
 
 
 def wants_dali_measures(cfg: HarnessConfig) -> bool:

@@ -17,22 +17,24 @@ clock throughput.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 from harness.common.errors import HarnessError
-from harness.decode.loading import LoadedModel, load_model, nominal_geometry
+from harness.decode.loading import LoadedModel
 from harness.decode.workload import load_prompts, workload_record
 from harness.job.artifacts import calibration_path, calibration_trace, workload_trace
 from harness.job.config import HarnessConfig
 from harness.job.setup import build_result, setup_run
-from harness.model import LLaDA2Config
+from harness.placement.system import MoEGeometry
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.traces.batch_replay import replay_trace
 from harness.traces.serving import PER_PROMPT_TOKENS, lacks_request_tokens, lockstep, serving_figures
+from harness.zoo.entry import load_model, nominal_geometry
 
 
-def check_geometry(trace: RoutingTrace, geometry: LLaDA2Config, path: Path, model: str = "?") -> None:
+def check_geometry(trace: RoutingTrace, geometry: MoEGeometry, path: Path, model: str = "?") -> None:
     """The trace was recorded with this model's geometry (MoE layers x experts, and the
     geometry it stored when it has one): a trace of another model is refused by name."""
     recorded = trace.meta.get("model", "?") if isinstance(trace.meta.get("model"), str) else "?"
@@ -140,7 +142,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     if trace.meta.get("decode_steps"):  # an autoregressive family's recording
         counts["decode_steps"] = meta_count(trace, "decode_steps", path)
     if served is not None and "decode_steps" in counts:  # a batch's decode forward: a token of each request
-        counts["decode_steps"] = sum(1 for s in trace.steps if s.kind == "decode")
+        counts["decode_steps"] = Counter(s.kind for s in trace.steps)["decode"]
     clock = {"replay_s": replay_s,
              "layer_steps_per_s": len(trace) * trace.n_layers / replay_s if replay_s > 0 else 0.0}
     derived = trace.meta.get("derived_from")  # a no-cache trace derived from a prefix-cached recording

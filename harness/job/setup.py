@@ -25,8 +25,7 @@ from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import code_version
 from harness.job.config import HarnessConfig
 from harness.job.measures import gem_figures, measure_figures, replacement_decay, wants_dali_measures, wants_measures
-from harness.model import LLaDA2Config
-from harness.placement.system import System
+from harness.placement.system import MoEGeometry, System
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
 from systems.registry import entry_of, system_from_config
@@ -37,7 +36,7 @@ class RunSetup:
     """What a run charges and decides with: the same for live and replay runs."""
 
     system: System
-    geometry: LLaDA2Config
+    geometry: MoEGeometry
     budget: Budget
     hardware: HardwareConfig
     cost: CostModel
@@ -58,9 +57,9 @@ class RunSetup:
         return engine
 
 
-def setup_run(cfg: HarnessConfig, geometry: LLaDA2Config) -> RunSetup:
+def setup_run(cfg: HarnessConfig, geometry: MoEGeometry) -> RunSetup:
     system = system_from_config(cfg.system)
-    budget = resolve_budget(cfg.budget, geometry, cfg.model.name)
+    budget = resolve_budget(cfg.budget, geometry, cfg.model.entry.capabilities.paper_budgets)
     hardware = load_hardware(cfg.hardware, geometry)
     return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology),
                     measures=wants_dali_measures(cfg), gem_measures=wants_measures(cfg))

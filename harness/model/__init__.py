@@ -1,5 +1,5 @@
-"""LLaDA2-MoE: the model, checkpoint loading, proxy checkpoints and the `model` config node
-(harness/decode/loading.py loads a configured model, building its proxy on first use)."""
+"""LLaDA2-MoE: the model, checkpoint loading and proxy checkpoints (its entry, harness/zoo/llada2.py,
+loads a configured model, building its proxy on first use)."""
 
 from __future__ import annotations
 

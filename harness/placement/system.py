@@ -51,11 +51,20 @@ class GpuTopology(Protocol):
 
 
 class MoEGeometry(Protocol):
-    """The model geometry a system may read (the nominal one the cost model charges;
-    harness/model/config.py `LLaDA2Config` implements it)."""
+    """A model's nominal geometry: what the budget and the cost model charge and what a
+    system may read. Every kind of model describes itself this way (harness/zoo): LLaDA2
+    by harness/model/config.py `LLaDA2Config`, a transformers family by
+    harness/families/geometry.py `FamilyGeometry`, under LLaDA2's attribute names.
 
-    num_experts: int
-    num_experts_per_tok: int
+    A system reads the routing shape and the bytes (the first group); the cost model and the
+    budget also read the widths and counts of the rest (docs/cost-model.md)."""
+
+    # ---- what a system may read ----
+    @property
+    def num_experts(self) -> int: ...
+
+    @property
+    def num_experts_per_tok(self) -> int: ...
 
     @property
     def n_moe_layers(self) -> int: ...
@@ -63,6 +72,48 @@ class MoEGeometry(Protocol):
     def expert_bytes(self, bytes_per_param: int = 2) -> int: ...
 
     def non_expert_bytes(self, bytes_per_param: int = 2) -> int: ...
+
+    # ---- what the cost model and the budget read besides ----
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def moe_intermediate_size(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...  # the dense MLP's width
+
+    @property
+    def expert_params(self) -> int: ...
+
+    @property
+    def attention_params(self) -> int: ...  # per layer
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def num_key_value_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def num_shared_experts(self) -> int | float: ...  # the always-on MLP of an MoE layer, in routed experts
+
+    @property
+    def first_k_dense_replace(self) -> int: ...  # the number of dense decoder layers
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_position_embeddings(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...  # what a routing trace stores as its geometry
 
 
 @dataclass

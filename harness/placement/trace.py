@@ -10,7 +10,7 @@ predicted loads; row l predicts layer l+1; zeros where none was recorded).
 
 On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
   schema_version  int        TRACE_SCHEMA (a mismatch is refused with one line)
-  geometry        json str   the nominal LLaDA2Config of the run (n layers, experts, ...)
+  geometry        json str   the nominal geometry of the run (MoEGeometry.to_dict: n layers, experts, ...)
   meta            json str   free-form provenance (model, weights, decode settings)
   loads           int32      [S, L, E]
   hints           float32    [S, L, E] (only if recorded)

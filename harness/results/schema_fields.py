@@ -10,6 +10,8 @@ named by a pattern (the routing statistics).
 
 from __future__ import annotations
 
+from harness.zoo.entry import model_names
+
 Entry = tuple[str, str]
 
 RESULT_FIELDS: dict[str, Entry] = {  # RunResult: result.json's sections (JSON key = field name unless noted)
@@ -41,7 +43,7 @@ RESULT_FIELDS: dict[str, Entry] = {  # RunResult: result.json's sections (JSON k
 
 IDENTITY_FIELDS: dict[str, Entry] = {  # RunIdentity: top-level strings
     "system": ("-", "the placement system (systems/registry.py)"),
-    "model": ("-", "the model config: tiny | mini | flash | diffusiongemma | qwen3_moe | mixtral | olmoe"),
+    "model": ("-", f"the model config: {' | '.join(model_names())} (harness/zoo)"),
     "weights": ("-", "real | trained-proxy | random-proxy (results before trained proxies: proxy)"),
     "checkpoint": ("-", "the checkpoint directory loaded (a proxy's path in the cache)"),
     "source": ("-", "live (decoded with the model) | trace (replayed over a routing trace)"),

@@ -24,9 +24,8 @@ import numpy as np
 from harness.accounting.cost import CostModel, HardwareConfig
 from harness.accounting.ledger import LayerOutcomes, Ledger
 from harness.engine.engine import OffloadEngine
-from harness.model import LLaDA2Config
 from harness.placement.steps import StepInfo
-from harness.placement.system import System
+from harness.placement.system import MoEGeometry, System
 from harness.placement.trace import RoutingTrace
 from harness.sensitivity.recharge import PreparedOutcomes
 from harness.traces.batch_replay import batch_refusal, planned_chunks, replay_trace
@@ -62,7 +61,7 @@ class JobSpec:
     """What a replay of one job needs."""
 
     system_config: Any  # the system's config dataclass (HarnessConfig.system)
-    geometry: LLaDA2Config
+    geometry: MoEGeometry
     experts_per_layer: int
     budget_scope: str
     hardware: HardwareConfig  # the profile the job was charged with (loaded)

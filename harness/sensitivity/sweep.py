@@ -16,7 +16,7 @@ import yaml
 
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
-from harness.decode.loading import LoadedModel, nominal_geometry
+from harness.decode.loading import LoadedModel
 from harness.job.artifacts import calibration_trace
 from harness.job.config import HarnessConfig
 from harness.job.replay import recorded_steps
@@ -26,6 +26,7 @@ from harness.results.records import system_label
 from harness.results.run_result import RunResult
 from harness.sensitivity.replayer import JobReplayer, JobSpec, trace_loads
 from harness.tracking.run_files import RESULT_FILE
+from harness.zoo.entry import nominal_geometry
 
 
 @dataclass

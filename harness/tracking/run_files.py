@@ -9,9 +9,9 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-from harness.model.settings import LLADA2_NAMES
 from harness.tracking.mlflow_store import find_marker
 from harness.tracking.settings import TrackingConfig
+from harness.zoo.entry import model_entry, model_names
 
 RUN_MARKER = "mlflow.json"
 
@@ -26,13 +26,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def experiment_name(tracking: TrackingConfig, models: set[str] | list[str]) -> str:
-    """The configured experiment, else one per model; a sweep over models shares one."""
+    """The configured experiment, else one per model, named by its entry's prefix
+    (llada2-mini; a transformers family by its own name, qwen3_moe); a sweep over models
+    shares one: <prefix>sweeps when they are one entry's, else moe-sweeps."""
     if tracking.experiment:
         return tracking.experiment
     models = sorted(set(models))
-    if len(models) == 1:  # llada2-mini; a transformers family by its own name (qwen3_moe)
-        return f"llada2-{models[0]}" if models[0] in LLADA2_NAMES else models[0]
-    return "llada2-sweeps" if set(models) <= set(LLADA2_NAMES) else "moe-sweeps"
+    kinds = {_entry_of(m) for m in models}
+    if len(models) == 1:
+        return f"{_prefix(models[0])}{models[0]}"
+    prefix = _prefix(models[0]) if len(kinds) == 1 else ""
+    return f"{prefix}sweeps" if prefix else "moe-sweeps"
+
+
+def _entry_of(model: str) -> str:
+    """The model's entry (a result's model no longer registered stands for itself)."""
+    return model_entry(model).name if model in model_names() else model
+
+
+def _prefix(model: str) -> str:
+    return model_entry(model).experiment_prefix if model in model_names() else ""
 
 
 @lru_cache(maxsize=1)

@@ -15,13 +15,13 @@ from harness.accounting.bitsets import pack, popcount, unpack
 from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
 from harness.bench import synthetic_trace
 from harness.cli.overrides import compose_checked
-from harness.decode.loading import load_model, nominal_geometry
 from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import record_trace
 from harness.job.config import register_configs
 from harness.job.live import run_job
 from harness.placement.trace import RoutingTrace
 from harness.traces.batch_replay import batch_refusal, replay_trace, summary_differences
+from harness.zoo.entry import load_model, nominal_geometry
 from systems.registry import make_system
 from systems.tide import Tide
 

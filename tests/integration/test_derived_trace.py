@@ -8,11 +8,11 @@ import torch
 
 from harness.cli.overrides import compose_checked
 from harness.decode.decoding import DecodeSettings
-from harness.decode.loading import load_model
 from harness.job.artifacts import calibration_trace, record_trace, workload_trace
 from harness.job.config import register_configs
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace, derive_no_cache
+from harness.zoo.entry import load_model
 
 register_configs()
 # prompts shorter and longer than a block: partly filled first blocks, and a prefill

@@ -10,12 +10,12 @@ import pytest
 
 from harness.accounting.cost import CostModel, HardwareConfig
 from harness.cli.overrides import compose_checked
-from harness.decode.loading import load_model, nominal_geometry
 from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import calibration_trace
 from harness.job.config import register_configs
 from harness.model.config import LLaDA2Config
 from harness.placement.trace import RoutingTrace
+from harness.zoo.entry import load_model, nominal_geometry
 from systems.registry import make_system
 from systems.tide_tau import solve_tau
 from tests.unit.test_tau_solver import GEO, drifting_trace

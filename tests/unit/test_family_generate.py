@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from harness.common.errors import HarnessError
-from harness.decode.ar_generate import ar_generate
-from harness.decode.diffusiongemma_generate import diffusiongemma_generate
 from harness.families.bridge import attach, detach
 from harness.families.registry import geometry_of
-from tests.family_models import EOS, RecordingRouter, tiny_model
+from harness.zoo.ar_generate import ar_generate
+from harness.zoo.diffusiongemma_generate import diffusiongemma_generate
+from tests.family_models import EOS, FAMILIES, RecordingRouter, tiny_model
 
 PROMPT = [5, 9, 2, 7, 11, 3]
 
@@ -47,7 +47,7 @@ def _run(name: str, log: ForwardLog | None, **kw):
     return out, geometry_of(model)
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "olmoe", "diffusiongemma"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_bridged_generation_equals_stock_and_every_forward_routes_n_tokens_times_k(name):
     stock, _ = _run(name, None)
     log = ForwardLog()

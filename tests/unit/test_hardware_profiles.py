@@ -15,12 +15,12 @@ from harness.accounting.cost import SOURCE_KINDS, SOURCED_CONSTANTS, CostModel, 
 from harness.accounting.profiling import load_hardware
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
-from harness.decode.loading import nominal_geometry
 from harness.job.config import register_configs
 from harness.job.live import run_job
 from harness.profile import main as profile_main
 from harness.profile import tile_tokens
 from harness.results.run_result import RunResult
+from harness.zoo.entry import nominal_geometry
 from tests.conftest import REPO
 
 register_configs()

@@ -172,6 +172,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("systems",),  # the placement policies
     ("harness.hybrid",),  # real execution on a device
     ("harness.decode",),  # the decoding loops, prompts, the lossless check
+    ("harness.zoo",),  # one entry per kind of model: names, geometry, loading, decode driver, capabilities
     ("harness.traces",),  # replay in batch, stability and routing statistics
     ("harness.results",),  # RunResult and its flat records
     ("harness.tracking",),  # MLflow stores, run dirs, sweeps' parent runs

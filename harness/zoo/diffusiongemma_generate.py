@@ -12,7 +12,8 @@ onto the block-diffusion loop's kinds (decoding.py):
                                (as LLaDA2's commit of a finished block; the last canvas
                                is never encoded)
 n_tokens is the forward's input length (the prompt, or canvas_length); n_context the
-tokens its attention sees: those already encoded plus its own.
+tokens its attention sees: those already encoded plus its own. The decode driver of the
+DiffusionGemma entry (harness/zoo/families.py): `diffusiongemma_driver`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 from torch import nn
 
 from harness.common.errors import HarnessError
-from harness.decode.decoding import DecodeOutput, ForwardRecord, OnForward
+from harness.decode.decoding import DecodeOutput, DecodeSettings, ForwardRecord, OnForward
+from harness.decode.loading import LoadedModel
 from harness.placement.steps import StepInfo
 
 
@@ -110,3 +112,11 @@ def diffusiongemma_generate(
     first_eos = next((i for i, t in enumerate(generated) if t in eos), None)
     n_generated = first_eos + 1 if first_eos is not None else len(generated)
     return DecodeOutput(list(prompt_ids), generated, n_generated, announcer.records, first_eos is not None)
+
+
+def diffusiongemma_driver(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, hook: OnForward,
+                          prompt: int, first_global_step: int) -> DecodeOutput:
+    """One prompt: canvases of decode.block_length tokens, each denoised in at most
+    decode.steps steps, decode.gen_length tokens in all, the sampler seeded with decode.seed."""
+    return diffusiongemma_generate(loaded.model, ids, settings.gen_length, settings.block_length, settings.steps,
+                                   settings.seed, loaded.eos_ids, hook, prompt, first_global_step)

@@ -1,7 +1,8 @@
 """Greedy autoregressive decoding of a transformers MoE model (Mixtral, Qwen3-MoE, OLMoE, ...)
 through transformers' own `generate` with the KV cache, each model forward announced to
 an `on_forward(StepInfo, n_tokens, n_context)` hook before it runs (as the block-diffusion
-loop in decoding.py does), so the runner can connect the hook to the engine.
+loop in decoding.py does), so the runner can connect the hook to the engine. The decode
+driver of the autoregressive family entries (harness/zoo/families.py): `ar_driver`.
 
 Forwards: one prefill over the prompt (it yields the first token), then one forward per
 further token over the last token. With EOS after t tokens there are t forwards.
@@ -26,7 +27,8 @@ import torch
 from torch import nn
 
 from harness.common.errors import HarnessError
-from harness.decode.decoding import DecodeOutput, ForwardRecord, OnForward
+from harness.decode.decoding import DecodeOutput, DecodeSettings, ForwardRecord, OnForward
+from harness.decode.loading import LoadedModel
 from harness.placement.steps import ForwardKind, StepInfo
 
 DECODE_KIND: ForwardKind = "decode"
@@ -98,3 +100,11 @@ def ar_generate(
 
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def ar_driver(loaded: LoadedModel, ids: list[int], settings: DecodeSettings, hook: OnForward, prompt: int,
+              first_global_step: int) -> DecodeOutput:
+    """One prompt, greedily: decode.gen_length tokens at most, windows of decode.block_length
+    decode steps (the module docstring); its first EOS id stops it."""
+    return ar_generate(loaded.model, ids, settings.gen_length, loaded.eos_ids[0], hook, window=settings.block_length,
+                       prompt_index=prompt, first_global_step=first_global_step)
