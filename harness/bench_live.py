@@ -51,14 +51,14 @@ from harness.common.files import write_json_atomic
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.decode.decode_batch import DecodeBatch, decode_prompts, decode_with_engine
 from harness.decode.decoding import DecodeSettings, steps_per_block
-from harness.decode.loading import LoadedModel, load_model, nominal_geometry
+from harness.decode.loading import LoadedModel
 from harness.decode.workload import load_prompts
 from harness.engine.engine import OffloadEngine
-from harness.families.bridge import attach, detach
 from harness.job.artifacts import calibration_trace
 from harness.job.config import register_configs
 from harness.job.setup import setup_run
-from harness.model.llada2 import Attention, Router
+from harness.model.experts import RoutedExperts
+from harness.zoo.entry import load_model, nominal_geometry
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("tiny", "mini", "flash", "qwen3_moe", "mixtral", "olmoe", "diffusiongemma")
@@ -204,45 +204,34 @@ def batched_floor(n_experts: int, hidden: int, intermediate: int, rows: int, cal
     return timed(arithmetic)[1]
 
 
-def expert_shape(loaded: LoadedModel) -> tuple[int, int, int, int]:
-    """(experts per layer, hidden size, expert width, routed experts per token) of the loaded model."""
-    if loaded.kind == "llada2":
-        c = loaded.model.config
-        return c.num_experts, c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok
-    bridge = attach(loaded.model, LocalRouter())
-    experts = bridge.sites[0].experts
-    n, hidden = experts.gate_up_proj.shape[0], experts.hidden_dim
-    width, top_k = experts.down_proj.numel() // (n * hidden), bridge.geometry.num_experts_per_tok
-    detach(loaded.model)
-    return n, hidden, width, top_k
+def expert_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(experts per layer, hidden size, expert width) of a loaded model's routed experts."""
+    for module in model.modules():
+        if isinstance(module, RoutedExperts):
+            return len(module), module[0].gate.shape[1], module[0].gate.shape[0]
+        if hasattr(module, "gate_up_proj") and hasattr(module, "hidden_dim"):  # transformers' experts interface
+            n, hidden = module.gate_up_proj.shape[0], module.hidden_dim
+            return n, hidden, module.down_proj.numel() // (n * hidden)
+    raise HarnessError(f"{type(model).__name__} has no routed experts the benchmark knows")
 
 
-def phase_targets(loaded: LoadedModel, phases: Phases) -> list[Target]:
-    """The functions that do each phase of a forward, wrapped to time it."""
+def phase_targets(model: torch.nn.Module, phases: Phases) -> list[Target]:
+    """The functions that do each phase of a forward, wrapped to time it. Both ways experts are
+    computed are wrapped (the project's own models call `compute_routed_experts`; a transformers
+    family its experts class's eager forward, looked up per call by the bridge,
+    harness/families/bridge.py); a model uses one of them. Attention and router modules are
+    found by their class names (LLaDA2's `Attention` and `Router`, a family's `*Attention` and
+    `*Router`)."""
     def timing(name: str) -> Callable[[Callable], Callable]:
         return lambda fn: phases.wrap(name, fn)
 
-    targets: list[Target] = [(OffloadEngine, "decide", timing("engine")), (OffloadEngine, "account", timing("engine"))]
-    if loaded.kind == "llada2":
-        return [*targets, (engine_module, "compute_routed_experts", timing("experts")),
-                (experts_module, "combine", timing("combine")),
-                (Attention, "forward", timing("attention")), (Router, "forward", timing("router"))]
-    bridge = attach(loaded.model, LocalRouter())  # only to find the family's modules
-    attentions = {type(m) for m in loaded.model.modules() if type(m).__name__.endswith("Attention")}
-    routers = {type(site.router) for site in bridge.sites}
-    detach(loaded.model)
-    # a family computes its experts in its own class's eager forward, looked up per call
-    # (harness/families/bridge.py): time what the lookup returns
-    eager = (bridge_module, "eager_forward", lambda lookup: lambda module: phases.wrap("experts", lookup(module)))
-    return [*targets, eager, *((c, "forward", timing("attention")) for c in attentions),
-            *((c, "forward", timing("router")) for c in routers)]
-
-
-class LocalRouter:
-    """A router that plans nothing (to attach a bridge only to find its sites)."""
-
-    def route(self, layer: int, load: torch.Tensor, hint_fn: object) -> None:
-        pass
+    classes = {type(m) for m in model.modules()}
+    return [(OffloadEngine, "decide", timing("engine")), (OffloadEngine, "account", timing("engine")),
+            (engine_module, "compute_routed_experts", timing("experts")),
+            (experts_module, "combine", timing("combine")),
+            (bridge_module, "eager_forward", lambda lookup: lambda module: phases.wrap("experts", lookup(module))),
+            *((c, "forward", timing("attention")) for c in classes if c.__name__.endswith("Attention")),
+            *((c, "forward", timing("router")) for c in classes if c.__name__.endswith("Router"))]
 
 
 def decode_clock(loaded: LoadedModel, prompts: list[str], settings: DecodeSettings,
@@ -281,7 +270,7 @@ def measure_model(name: str, system: str, gen_length: int, build: bool) -> dict[
     decode_clock(loaded, prompts, settings, engine())  # warm-up: first-call costs (kernels, caches)
     plain_batch, plain = decode_clock(loaded, prompts, settings, None)
     phases = Phases()
-    with patched(phase_targets(loaded, phases)):
+    with patched(phase_targets(loaded.model, phases)):
         batch, whole = decode_clock(loaded, prompts, settings, engine())
     forwards = max(1, batch.forwards)
     row.update(forwards=batch.forwards, decode_cpu_s=whole.cpu, decode_wall_s=whole.wall,
@@ -292,7 +281,8 @@ def measure_model(name: str, system: str, gen_length: int, build: bool) -> dict[
     for phase, clock in sorted(phases.clocks.items()):
         row[f"{phase}_ms_per_forward"] = 1e3 * clock.cpu / forwards
     row["other_ms_per_forward"] = 1e3 * max(0.0, whole.cpu - measured) / forwards
-    n_experts, hidden, width, top_k = expert_shape(loaded)
+    n_experts, hidden, width = expert_shape(loaded.model)
+    top_k = loaded.nominal.num_experts_per_tok
     experts = phases.clocks.get("experts")
     if experts is not None and experts.calls:  # one call per MoE layer per forward
         rows_per_call = batch.routed_tokens * top_k / forwards

@@ -183,6 +183,14 @@ class ShardMaps:
 
     def __init__(self) -> None:
         self.maps: dict[Path, mmap.mmap] = {}
+        self._runs: tuple[dict[str, TensorEntry], list[TensorRun]] | None = None
+
+    def runs(self, entries: dict[str, TensorEntry]) -> list[TensorRun]:
+        """`tensor_runs(entries)`, computed once for the entries these maps serve (the finite
+        scan and the load both walk them)."""
+        if self._runs is None or self._runs[0] is not entries:
+            self._runs = (entries, tensor_runs(entries))
+        return self._runs[1]
 
     def flat(self, shard: Path, dtype: str, begin: int, end: int) -> torch.Tensor:
         """bytes [begin, end) of a shard as a 1-D tensor of `dtype`, a zero-copy view of its mapping."""
@@ -235,7 +243,7 @@ def load_tensors(entries: dict[str, TensorEntry], maps: ShardMaps, target: torch
     """Every tensor as `target`: zero-copy views of the mapping where the stored dtype is the
     target (pages load when first used), else views of one converted copy per run."""
     tensors = {}
-    for run in tensor_runs(entries):
+    for run in maps.runs(entries):
         flat = maps.flat(run.shard, run.dtype, run.begin, run.end)
         if flat.dtype != target:
             flat = flat.to(target)
@@ -282,7 +290,7 @@ def first_non_finite(entries: dict[str, TensorEntry], maps: ShardMaps) -> str | 
     """The name of the first tensor (in file order) holding a NaN or an Inf, or None. Runs
     of adjacent tensors are scanned as one span; only a span that fails is searched tensor
     by tensor."""
-    for run in tensor_runs(entries):
+    for run in maps.runs(entries):
         if _all_finite(maps.flat(run.shard, run.dtype, run.begin, run.end)):
             continue
         for name in run.names:
