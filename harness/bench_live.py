@@ -5,8 +5,10 @@
 
 Per model, CPU and wall seconds of:
 - build: the proxy checkpoint written from nothing (in a fresh temporary cache);
-- load: the checkpoint loaded as a run loads it, against reading its weight files' bytes
-  (`load_vs_read`: the target is 3x);
+- load: the checkpoint loaded as a run loads it (headers checked, NaN scan, model built),
+  against reading its weight files' bytes (`load_vs_read`) and against safetensors' own
+  loader making the same tensors (`load_vs_safetensors`); a proxy holds ~15k tensors in the
+  published layout, so per-tensor work, not bytes, is its floor;
 - one forward by phase, the mean over the forwards of one prompt's decode under `system`:
   attention, router, engine (the system's plan, the plan checks, residency and the ledger),
   experts (the routed experts' arithmetic), combine (the fixed-order sum that keeps every
@@ -41,6 +43,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 import harness.engine.engine as engine_module
 import harness.families.bridge as bridge_module
@@ -178,6 +181,12 @@ def checkpoint_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.suffix == ".safetensors")
 
 
+def safetensors_floor(path: Path) -> Clock:
+    """safetensors' own loader over the same files: every tensor made, nothing checked or built."""
+    files = sorted(f for f in path.iterdir() if f.suffix == ".safetensors")
+    return timed(lambda: [load_file(str(f)) for f in files])[1]
+
+
 def read_floor(path: Path) -> Clock:
     """Reading every weight file's bytes (the load's floor)."""
     def read() -> int:
@@ -218,10 +227,9 @@ def expert_shape(model: torch.nn.Module) -> tuple[int, int, int]:
 def phase_targets(model: torch.nn.Module, phases: Phases) -> list[Target]:
     """The functions that do each phase of a forward, wrapped to time it. Both ways experts are
     computed are wrapped (the project's own models call `compute_routed_experts`; a transformers
-    family its experts class's eager forward, looked up per call by the bridge,
-    harness/families/bridge.py); a model uses one of them. Attention and router modules are
-    found by their class names (LLaDA2's `Attention` and `Router`, a family's `*Attention` and
-    `*Router`)."""
+    family's bridge `compute_experts`, harness/families/bridge.py); a model uses one of them.
+    Attention and router modules are found by their class names (LLaDA2's `Attention` and
+    `Router`, a family's `*Attention` and `*Router`)."""
     def timing(name: str) -> Callable[[Callable], Callable]:
         return lambda fn: phases.wrap(name, fn)
 
@@ -229,7 +237,7 @@ def phase_targets(model: torch.nn.Module, phases: Phases) -> list[Target]:
     return [(OffloadEngine, "decide", timing("engine")), (OffloadEngine, "account", timing("engine")),
             (engine_module, "compute_routed_experts", timing("experts")),
             (experts_module, "combine", timing("combine")),
-            (bridge_module, "eager_forward", lambda lookup: lambda module: phases.wrap("experts", lookup(module))),
+            (bridge_module, "compute_experts", timing("experts")),
             *((c, "forward", timing("attention")) for c in classes if c.__name__.endswith("Attention")),
             *((c, "forward", timing("router")) for c in classes if c.__name__.endswith("Router"))]
 
@@ -254,9 +262,10 @@ def measure_model(name: str, system: str, gen_length: int, build: bool) -> dict[
             row["build_cpu_s"], row["build_wall_s"] = clock.cpu, clock.wall
     load_model(cfg.model, cfg.cache_dir)  # built if missing; then loaded warm
     loaded, load = timed(lambda: load_model(cfg.model, cfg.cache_dir))
-    read = read_floor(loaded.path)
+    read, library = read_floor(loaded.path), safetensors_floor(loaded.path)
     row.update(weights_mb=checkpoint_bytes(loaded.path) / 1e6, load_cpu_s=load.cpu, load_wall_s=load.wall,
-               read_cpu_s=read.cpu, read_wall_s=read.wall, load_vs_read=load.wall / max(read.wall, 1e-9))
+               read_cpu_s=read.cpu, read_wall_s=read.wall, load_vs_read=load.wall / max(read.wall, 1e-9),
+               safetensors_cpu_s=library.cpu, load_vs_safetensors=load.cpu / max(library.cpu, 1e-9))
     prompts = load_prompts(cfg.workload, 1)
     settings = cfg.decode
     setup = setup_run(cfg, nominal_geometry(cfg.model))
