@@ -21,6 +21,12 @@ from pathlib import Path
 from typing import Any
 
 
+def slowdown() -> float:
+    """How much longer than on an idle machine a browser may take now: the load average per
+    core, at least 1 (a page that renders in 10 s idle takes 30 s beside two busy jobs)."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 class BrowserError(RuntimeError):
     """Chromium died, answered with an error, or a wait ran out."""
 
@@ -62,7 +68,7 @@ class Browser:
         if session:
             message["sessionId"] = session
         os.write(self._to_browser, json.dumps(message).encode() + b"\0")
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s * slowdown()
         while True:
             reply = self._read(deadline)
             if reply.get("id") == self._next_id:
@@ -98,7 +104,7 @@ class Browser:
 
     def wait_for(self, expression: str, what: str, timeout_s: float = 90.0) -> Any:
         """Poll a JavaScript expression until it is truthy (the UI renders asynchronously)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s * slowdown()
         guarded = f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()"
         while time.monotonic() < deadline:
             value = self.evaluate(guarded)

@@ -42,10 +42,13 @@ EOF
 cat "$OUT/env.txt"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 
+# a step's exit code, and whether `timeout` (exit 124) cut it short: the device time is budgeted
+said_exit() { if [ "$2" = 124 ]; then echo "$1 exit 124 (timed out after $3 s)"; else echo "$1 exit $2"; fi; }
+
 if [ "${CUDA_TESTS:-1}" != 0 ]; then
   echo "== 1. CUDA tests"
   timeout 150 python -m pytest tests/integration/test_hybrid.py -q -m cuda -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
-  echo "pytest exit $?"; tail -3 "$OUT/pytest_cuda.txt"
+  said_exit pytest $? 150; tail -3 "$OUT/pytest_cuda.txt"
 fi
 
 COMMON=("model=$MODEL" budget=10GB decode.gen_length=32 limit_prompts=2 "backend=$BACKEND" show_text=false
@@ -54,7 +57,7 @@ echo "== 2+3. hardware=local, then the four systems (backend=$BACKEND, model=$MO
 for system in "${SYSTEMS[@]}"; do
   timeout 300 python -m harness "system=$system" "${COMMON[@]}" "hydra.run.dir=$OUT/runs/$system" \
     > "$OUT/$system.log" 2>&1
-  echo "$system exit $?"; grep -E "^\[$system\]|error" "$OUT/$system.log" | tail -2
+  said_exit "$system" $? 300; grep -E "^\[$system\]|error" "$OUT/$system.log" | tail -2
 done
 
 echo "== 4. summary"

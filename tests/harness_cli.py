@@ -11,6 +11,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from tests import process_wait
+
 REPO = Path(__file__).resolve().parent.parent
 
 # the smallest decode that still runs a prefill, denoising steps and a commit
@@ -28,10 +30,10 @@ def harness_env(cache: Path) -> dict[str, str]:
     return env
 
 
-def run_module(module: str, args: list[str], cache: Path, timeout: float = 400) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=harness_env(cache),
-                          capture_output=True, text=True, timeout=timeout)
-    return proc
+def run_module(module: str, args: list[str], cache: Path) -> subprocess.CompletedProcess:
+    """`python -m module args` to its end: no wall-clock deadline, only a hang fails (tests/process_wait.py)."""
+    return process_wait.run([sys.executable, "-m", module, *args], f"python -m {module}", cwd=REPO,
+                            env=harness_env(cache))
 
 
 def sqlite_uri(path: Path) -> str:

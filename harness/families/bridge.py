@@ -1,15 +1,18 @@
 """The bridge: a "harness" experts implementation in transformers' experts interface, which
 hands each MoE layer's routing to a router (the offload engine) and returns the stock
-eager output.
+output.
 
 Every transformers MoE family computes its routed experts through one pluggable function,
 `experts(hidden_states, top_k_index, top_k_weights)`, chosen per call by the experts
 module's `config._experts_implementation`. `attach(model, router)` gives every experts
 module its MoE-layer index (through the family adapter) and switches the model to
 "harness"; per call the bridge computes the layer's load (int64 [E], a bincount of
-top_k_index), calls `router.route(layer, load, hint_fn)` and then the experts class's own
-eager forward, so the model's output is bit-identical to the stock model with eager
-experts. `detach(model)` restores the previous implementation.
+top_k_index), calls `router.route(layer, load, hint_fn)` and then the implementation the
+model was configured with before (transformers' default `grouped_mm`, or `eager`: the
+experts class's own forward), so the model's output is bit-identical to the stock model as
+it was loaded. (The eager forward loops over the hit experts in Python: on the proxies it
+cost 1.5-3x the whole stock forward; python -m harness.bench_live measures it.)
+`detach(model)` restores the previous implementation.
 
 hint_fn, when there is a next MoE layer, returns that layer's predicted load [E] (fp32):
 its router's probabilities on this layer's router input, summed over tokens (computed only
@@ -49,6 +52,7 @@ class _Slot:
     router: ExpertRouter
     adapter: FamilyAdapter
     next_router: nn.Module | None
+    compute: Callable  # the experts implementation the model had before it was attached
     router_input: torch.Tensor | None = None  # this layer's router input, set by a pre-hook
 
     def hint_fn(self) -> HintFn | None:
@@ -84,7 +88,14 @@ def harness_experts_forward(
                            "unsharded experts only")
     slot.router.route(slot.layer, load, slot.hint_fn())
     slot.router_input = None  # the hint was the router's to take during route; free the tensor
-    return eager_forward(self)(self, hidden_states, top_k_index, top_k_weights)
+    return compute_experts(slot, self, hidden_states, top_k_index, top_k_weights)
+
+
+def compute_experts(slot: _Slot, experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The routed experts' arithmetic, as the model computed them before it was attached (a
+    function of its own so python -m harness.bench_live can time it)."""
+    return slot.compute(experts, hidden_states, top_k_index, top_k_weights)
 
 
 def register() -> None:
@@ -103,6 +114,11 @@ def attach(model: nn.Module, router: ExpertRouter) -> Bridge:
     geometry = adapter.geometry(adapter.name, model.config.to_dict())
     sites = adapter.moe_sites(model, geometry)
     register()
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    # each site keeps computing as the model did: its implementation before the switch
+    before = [ALL_EXPERTS_FUNCTIONS.get_interface(s.experts.config._experts_implementation, eager_forward(s.experts))
+              for s in sites]
     bridge = Bridge(model, adapter, geometry, sites, model.get_experts_implementation())
     model.set_experts_implementation(IMPLEMENTATION)
     stale = [s for s in sites if s.experts.config._experts_implementation != IMPLEMENTATION]
@@ -111,8 +127,8 @@ def attach(model: nn.Module, router: ExpertRouter) -> Bridge:
         raise HarnessError(f"{adapter.name}: set_experts_implementation did not reach {len(stale)} experts modules; "
                            "the bridge cannot serve this model")
     next_router = _next_routers(sites)
-    for site in sites:
-        slot = _Slot(site.layer, geometry.num_experts, router, adapter, next_router[id(site)])
+    for site, compute in zip(sites, before, strict=True):
+        slot = _Slot(site.layer, geometry.num_experts, router, adapter, next_router[id(site)], compute)
         site.experts._harness_slot = slot
         bridge.hooks.append(site.router.register_forward_pre_hook(_stash_input(slot)))
     model._harness_bridge = bridge

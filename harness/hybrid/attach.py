@@ -102,8 +102,8 @@ def _move_module(module: nn.Module, device: torch.device, dtype: torch.dtype | N
 
 
 def expert_modules(model: LLaDA2Model) -> set[int]:
-    """ids of every module inside a MoE layer's routed-expert list."""
-    return {id(m) for moe in model.moe_layers() for m in moe.experts.modules()}
+    """ids of every MoE layer's routed-experts module (its tensors are placed by HostExperts)."""
+    return {id(moe.experts) for moe in model.moe_layers()}
 
 
 def attach(model: LLaDA2Model, runtime: Runtime) -> DevicePlacement:
@@ -112,8 +112,6 @@ def attach(model: LLaDA2Model, runtime: Runtime) -> DevicePlacement:
         raise RuntimeError("the model is already attached to a device")
     skip = expert_modules(model)
     moved = sum(_move_module(m, runtime.device, runtime.dtype) for m in model.modules() if id(m) not in skip)
-    if not model.moe_layers()[0].expert_weights:
-        model.refresh_expert_views()
     layers = [(moe.expert_weights, runtime.dtype or moe.expert_weights[0].gate.dtype) for moe in model.moe_layers()]
     need = sum(experts_nbytes(experts, dtype) for experts, dtype in layers)
     pinned = should_pin(runtime, need)

@@ -117,18 +117,16 @@ def phase_figures(step_series: list[dict[str, Any]], prompts: int) -> dict[str, 
 
 def versions() -> dict[str, str]:
     """Software versions and the machine (docs/result-schema.md, `versions`)."""
-    import transformers  # heavy: imported only when a result is built
-
     return {
         "harness": harness.__version__, "code": code_version(), "python": platform.python_version(),
-        "torch": torch.__version__, "hydra": hydra.__version__, "transformers": transformers.__version__,
+        "torch": torch.__version__, "hydra": hydra.__version__, "transformers": installed_version("transformers"),
         "numpy": numpy.__version__, "numba": numba.__version__, "mlflow": installed_version("mlflow"),
         "machine": platform.node(), **machine_environment(),
     }
 
 
 def installed_version(package: str) -> str:
-    """A package's version from its metadata, without importing it (MLflow takes seconds)."""
+    """A package's version from its metadata, without importing it (MLflow and transformers take seconds)."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:

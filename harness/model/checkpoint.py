@@ -32,6 +32,7 @@ from harness.common.files import write_json_atomic
 from harness.common.paths import check_no_special_files, file_kind, require_regular_file
 from harness.model.config import LLaDA2Config
 from harness.model.llada2 import LLaDA2Model
+from harness.model.tokenizer import proxy_tokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -182,18 +183,76 @@ class ShardMaps:
 
     def __init__(self) -> None:
         self.maps: dict[Path, mmap.mmap] = {}
+        self._runs: tuple[dict[str, TensorEntry], list[TensorRun]] | None = None
+
+    def runs(self, entries: dict[str, TensorEntry]) -> list[TensorRun]:
+        """`tensor_runs(entries)`, computed once for the entries these maps serve (the finite
+        scan and the load both walk them)."""
+        if self._runs is None or self._runs[0] is not entries:
+            self._runs = (entries, tensor_runs(entries))
+        return self._runs[1]
+
+    def flat(self, shard: Path, dtype: str, begin: int, end: int) -> torch.Tensor:
+        """bytes [begin, end) of a shard as a 1-D tensor of `dtype`, a zero-copy view of its mapping."""
+        if shard not in self.maps:
+            with shard.open("rb") as f:
+                # ACCESS_COPY: writable (torch needs it) yet never written back; pages load lazily
+                self.maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        count = (end - begin) // ITEM_SIZE[dtype]
+        if count == 0:
+            return torch.empty(0, dtype=DTYPES[dtype])
+        return torch.frombuffer(self.maps[shard], dtype=DTYPES[dtype], count=count, offset=begin)
 
     def tensor(self, entry: TensorEntry) -> torch.Tensor:
-        if entry.shard not in self.maps:
-            with entry.shard.open("rb") as f:
-                # ACCESS_COPY: writable (torch needs it) yet never written back; pages load lazily
-                self.maps[entry.shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        dtype = DTYPES[entry.dtype]
-        count = (entry.end - entry.begin) // torch.tensor([], dtype=dtype).element_size()
-        if count == 0:
-            return torch.empty(entry.shape, dtype=dtype)
-        flat = torch.frombuffer(self.maps[entry.shard], dtype=dtype, count=count, offset=entry.begin)
-        return flat.view(entry.shape)
+        return self.flat(entry.shard, entry.dtype, entry.begin, entry.end).view(entry.shape)
+
+
+@dataclass(frozen=True)
+class TensorRun:
+    """Tensors stored back to back in one shard with one dtype: read, checked and converted
+    as one span, so per-tensor work is only a view (a checkpoint has ~15k tensors)."""
+
+    shard: Path
+    dtype: str
+    begin: int
+    end: int
+    names: tuple[str, ...]
+
+
+def tensor_runs(entries: dict[str, TensorEntry]) -> list[TensorRun]:
+    """The entries in file order, grouped into maximal runs of adjacent same-dtype tensors."""
+    ordered = sorted(entries.items(), key=lambda item: (str(item[1].shard), item[1].begin))
+    runs: list[TensorRun] = []
+    names: list[str] = []
+    first: TensorEntry | None = None
+    last: TensorEntry | None = None
+    for name, entry in ordered:
+        if first is not None and last is not None and (entry.shard != first.shard or entry.dtype != first.dtype
+                                                        or entry.begin != last.end):
+            runs.append(TensorRun(first.shard, first.dtype, first.begin, last.end, tuple(names)))
+            first, names = None, []
+        first = first or entry
+        last = entry
+        names.append(name)
+    if first is not None and last is not None:
+        runs.append(TensorRun(first.shard, first.dtype, first.begin, last.end, tuple(names)))
+    return runs
+
+
+def load_tensors(entries: dict[str, TensorEntry], maps: ShardMaps, target: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor as `target`: zero-copy views of the mapping where the stored dtype is the
+    target (pages load when first used), else views of one converted copy per run."""
+    tensors = {}
+    for run in maps.runs(entries):
+        flat = maps.flat(run.shard, run.dtype, run.begin, run.end)
+        if flat.dtype != target:
+            flat = flat.to(target)
+        size = ITEM_SIZE[run.dtype]
+        for name in run.names:
+            entry = entries[name]
+            start = (entry.begin - run.begin) // size
+            tensors[name] = flat[start : start + (entry.end - entry.begin) // size].view(entry.shape)
+    return tensors
 
 
 def check_layers_match(cfg: LLaDA2Config, entries: dict[str, TensorEntry]) -> None:
@@ -228,13 +287,21 @@ SCAN_ELEMENTS = 1 << 24  # elements per isfinite pass: bounded temporaries on a 
 
 
 def first_non_finite(entries: dict[str, TensorEntry], maps: ShardMaps) -> str | None:
-    """The name of the first tensor (in file order) holding a NaN or an Inf, or None."""
-    for name, entry in sorted(entries.items(), key=lambda item: (str(item[1].shard), item[1].begin)):
-        flat = maps.tensor(entry).reshape(-1)
-        for start in range(0, flat.numel(), SCAN_ELEMENTS):
-            if not bool(torch.isfinite(flat[start : start + SCAN_ELEMENTS]).all()):
+    """The name of the first tensor (in file order) holding a NaN or an Inf, or None. Runs
+    of adjacent tensors are scanned as one span; only a span that fails is searched tensor
+    by tensor."""
+    for run in maps.runs(entries):
+        if _all_finite(maps.flat(run.shard, run.dtype, run.begin, run.end)):
+            continue
+        for name in run.names:
+            if not _all_finite(maps.tensor(entries[name]).reshape(-1)):
                 return name
     return None
+
+
+def _all_finite(flat: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(flat[start : start + SCAN_ELEMENTS]).all())
+               for start in range(0, flat.numel(), SCAN_ELEMENTS))
 
 
 def finite_marker(directory: Path, entries: dict[str, TensorEntry], cache_dir: Path) -> Path:
@@ -278,13 +345,12 @@ def from_pretrained(directory: str | Path, dtype: str = "float32",
     cfg = LLaDA2Config.from_json(directory / "config.json")
     entries = index_checkpoint(directory)
     check_layers_match(cfg, entries)
-    target = TORCH_DTYPES[dtype]
     with torch.device("meta"):
         model = LLaDA2Model(cfg)
     maps = ShardMaps()
     check_finite(directory, entries, maps, Path(finite_cache) if finite_cache is not None else None)
-    state = {}
-    for name, param in model.state_dict().items():
+    expected = model.state_dict()
+    for name, param in expected.items():
         entry = entries.get(name)
         if entry is None:
             raise HarnessError(f"checkpoint {directory} has no tensor {name}; it is incomplete or not LLaDA2-MoE")
@@ -293,19 +359,21 @@ def from_pretrained(directory: str | Path, dtype: str = "float32",
                 f"{name} has shape {list(entry.shape)} in the checkpoint but config.json implies "
                 f"{list(param.shape)}; the config disagrees with the weights"
             )
-        t = maps.tensor(entry)
-        # router and norms stay fp32-friendly; everything follows the requested dtype
-        state[name] = t if t.dtype == target else t.to(target)
-    check_no_unexpected(directory, entries, state)
+    check_no_unexpected(directory, entries, expected)
+    # router and norms stay fp32-friendly; everything follows the requested dtype
+    state = load_tensors(entries, maps, TORCH_DTYPES[dtype])
     model.load_state_dict(state, assign=True, strict=True)
     model._shard_maps = maps  # keep the mappings alive with the model
     model.eval()
     model.requires_grad_(False)
-    model.refresh_expert_views()
     return model
 
 
 def load_tokenizer(directory: str | Path):
+    """A proxy's tokenizer without transformers (harness/model/tokenizer.py); else AutoTokenizer's."""
+    light = proxy_tokenizer(Path(directory))
+    if light is not None:
+        return light
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 

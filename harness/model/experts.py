@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 class ExpertWeights(NamedTuple):
@@ -51,6 +52,78 @@ class ExpertBank(list):
                 gate_up = torch.stack([torch.cat((w.gate, w.up)) for w in self])  # [E, 2I, H]
                 self._stacked = (gate_up, torch.stack([w.down for w in self]))  # [E, H, I]
         return self._stacked
+
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # the checkpoint's names, in ExpertWeights order
+
+
+class RoutedExperts(nn.Module):
+    """A MoE layer's routed experts as E (gate, up, down) triples of plain tensors.
+
+    Not 3E `nn.Linear` modules: the experts are only ever read as tensors (the engine, the
+    device executor and training all take them that way), while 3 x 256 modules a layer
+    cost seconds per model to construct, initialise and scan in `load_state_dict`. The
+    state dict keeps the checkpoint's layout (`<prefix><e>.gate_proj.weight`, ...), and
+    `.to()`-style conversions apply to the tensors as to parameters; they are not
+    parameters, so autograd, optimizers and `model.parameters()` never see them (training
+    optimizes stacked copies: harness/training/forward.py)."""
+
+    def __init__(self, n_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        shapes = ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate))
+        # zeros, not garbage, for a model built to be initialised; but on the meta device (the
+        # loader's skeleton) filling 3E tensors costs a second for nothing
+        new = torch.empty if torch.get_default_device().type == "meta" else torch.zeros
+        self.bank = ExpertBank(ExpertWeights(*(new(s) for s in shapes)) for _ in range(n_experts))
+
+    def __len__(self) -> int:
+        return len(self.bank)
+
+    def __getitem__(self, e: int) -> ExpertWeights:
+        return self.bank[e]
+
+    def __iter__(self):
+        return iter(self.bank)
+
+    def replace(self, weights: list[ExpertWeights]) -> None:
+        """Install new tensors (the loader's zero-copy views of a checkpoint); drops stale stacks."""
+        self.bank = ExpertBank(weights)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        for e, weights in enumerate(self.bank):
+            for proj, tensor in zip(PROJECTIONS, weights, strict=True):
+                destination[f"{prefix}{e}.{proj}.weight"] = tensor if keep_vars else tensor.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        assign = local_metadata.get("assign_to_params_buffers", False)
+        expected, loaded = set(), []
+        for e, weights in enumerate(self.bank):
+            new = []
+            for proj, tensor in zip(PROJECTIONS, weights, strict=True):
+                key = f"{prefix}{e}.{proj}.weight"
+                expected.add(key)
+                given = state_dict.get(key)
+                if given is None:
+                    missing_keys.append(key)
+                    new.append(tensor)
+                elif given.shape != tensor.shape:
+                    error_msgs.append(f"size mismatch for {key}: copying a param with shape {given.shape} from "
+                                      f"checkpoint, the shape in current model is {tensor.shape}.")
+                    new.append(tensor)
+                elif assign:
+                    new.append(given.detach())
+                else:
+                    with torch.no_grad():
+                        new.append(tensor.copy_(given))
+            loaded.append(ExpertWeights(*new))
+        self.replace(loaded)
+        if strict:
+            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in expected)
+
+    def _apply(self, fn, recurse: bool = True):
+        self.replace([ExpertWeights(*(fn(t) for t in weights)) for weights in self.bank])
+        return super()._apply(fn, recurse)
 
 
 def swiglu(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
@@ -155,9 +228,10 @@ def gathered_expert_outputs(
     k = topk_idx.shape[1]
     flat = topk_idx.reshape(-1)
     xr = x.repeat_interleave(k, dim=0)
-    gate, up = torch.einsum("rih,rh->ri", gate_up[flat], xr).chunk(2, dim=-1)
+    # index_select, not gate_up[flat]: the same copy, ~8x faster than advanced indexing on the CPU
+    gate, up = torch.einsum("rih,rh->ri", gate_up.index_select(0, flat), xr).chunk(2, dim=-1)
     h = F.silu(gate) * up
-    out = torch.einsum("rhi,ri->rh", down[flat], h)
+    out = torch.einsum("rhi,ri->rh", down.index_select(0, flat), h)
     return out.to(row_dtype(x, topk_w)) * topk_w.reshape(-1, 1)
 
 

@@ -25,6 +25,7 @@ from harness.model.experts import (
     ExpertEngine,
     ExpertWeights,
     LocalExperts,
+    RoutedExperts,
     sort_by_expert,
     swiglu,
 )
@@ -177,12 +178,14 @@ class MoE(nn.Module):
         super().__init__()
         self.moe_index = moe_index
         self.gate = Router(cfg)
-        self.experts = nn.ModuleList(
-            DenseMLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
-        )
+        self.experts = RoutedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.shared_experts = DenseMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.num_shared_experts)
-        self.expert_weights: list[ExpertWeights] = []  # filled by `LLaDA2Model.refresh_expert_views`
         self.sum_order = "router"  # LLaDA2Model.set_expert_sum_order
+
+    @property
+    def expert_weights(self) -> ExpertBank:
+        """The routed experts as the engine reads them: (gate, up, down) per expert."""
+        return self.experts.bank
 
     def forward(self, x: torch.Tensor, engine: ExpertEngine, next_gate: Router | None) -> torch.Tensor:
         idx, w = self.gate(x)
@@ -221,17 +224,20 @@ class LLaDA2Model(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = nn.Module()
-        self.model.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # given a weight, the embedding skips its random init: on the meta device (the loader) that
+        # init alone costs seconds (it imports torch's compiler stack); weights come from a checkpoint
+        # or `init_weights` anyway
+        self.model.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                                  _weight=torch.zeros(cfg.vocab_size, cfg.hidden_size))
         self.model.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.engine: ExpertEngine = LocalExperts()
 
     def refresh_expert_views(self) -> None:
-        """Cache (gate, up, down) tuples per expert so the engine loops over plain tensors."""
-        for layer in self.model.layers:
-            if isinstance(layer.mlp, MoE):
-                layer.mlp.expert_weights = ExpertBank(m.weights() for m in layer.mlp.experts)
+        """Drop the experts' stacked copies (the batched path's), after their tensors changed in place."""
+        for moe in self.moe_layers():
+            moe.experts.replace(list(moe.experts))
 
     def set_expert_sum_order(self, order: str) -> None:
         """The order each token's routed outputs are summed in (docs/model-and-decoding.md "Expert sum order")."""
@@ -260,8 +266,6 @@ class LLaDA2Model(nn.Module):
         (harness/hybrid) the inputs move in and the logits move out here. On the host every
         `.to` below is a no-op returning the same tensor."""
         cfg = self.config
-        if not self.moe_layers()[0].expert_weights:
-            self.refresh_expert_views()
         device = self.model.word_embeddings.weight.device
         rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta)  # on the host, as the positions
         rope = (rope[0].to(device), rope[1].to(device))

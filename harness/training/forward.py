@@ -32,14 +32,14 @@ def attention(layer: torch.nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor,
 class ExpertStack(torch.nn.Module):
     """A MoE layer's routed experts as three stacked tensors: [E, I, H] gate and up, [E, H, I]
     down. Training optimizes these (three tensors a layer instead of 3 x 256 keeps the
-    optimizer and the backward cheap); `write_back` copies them into the expert modules."""
+    optimizer and the backward cheap); `write_back` copies them into the layer's experts."""
 
     def __init__(self, moe: MoE) -> None:
         super().__init__()
         with torch.no_grad():
-            self.gate = torch.nn.Parameter(torch.stack([e.gate_proj.weight for e in moe.experts]).clone())
-            self.up = torch.nn.Parameter(torch.stack([e.up_proj.weight for e in moe.experts]).clone())
-            self.down = torch.nn.Parameter(torch.stack([e.down_proj.weight for e in moe.experts]).clone())
+            self.gate = torch.nn.Parameter(torch.stack([e.gate for e in moe.experts]).clone())
+            self.up = torch.nn.Parameter(torch.stack([e.up for e in moe.experts]).clone())
+            self.down = torch.nn.Parameter(torch.stack([e.down for e in moe.experts]).clone())
 
     def for_bmm(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[E, H, 2I] (gate|up, transposed) and [E, I, H] (down, transposed)."""
@@ -48,16 +48,17 @@ class ExpertStack(torch.nn.Module):
     def write_back(self, moe: MoE) -> None:
         with torch.no_grad():
             for e, expert in enumerate(moe.experts):
-                expert.gate_proj.weight.copy_(self.gate[e])
-                expert.up_proj.weight.copy_(self.up[e])
-                expert.down_proj.weight.copy_(self.down[e])
+                expert.gate.copy_(self.gate[e])
+                expert.up.copy_(self.up[e])
+                expert.down.copy_(self.down[e])
+        moe.experts.replace(list(moe.experts))  # the stacked copies of the old values are stale
 
 
 def stacked_experts(moe: MoE) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's experts in the layout of `ExpertStack.for_bmm`, from the modules."""
-    gate = torch.stack([e.gate_proj.weight for e in moe.experts])
-    up = torch.stack([e.up_proj.weight for e in moe.experts])
-    down = torch.stack([e.down_proj.weight for e in moe.experts])
+    """The layer's experts in the layout of `ExpertStack.for_bmm`."""
+    gate = torch.stack([e.gate for e in moe.experts])
+    up = torch.stack([e.up for e in moe.experts])
+    down = torch.stack([e.down for e in moe.experts])
     return torch.cat((gate, up), dim=1).transpose(1, 2), down.transpose(1, 2)
 
 

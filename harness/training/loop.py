@@ -62,9 +62,7 @@ def train(model: LLaDA2Model, stream: torch.Tensor, s: TrainSettings, seed: int,
     mask_id = model.config.mask_token_id
     routers = [m.gate for m in model.moe_layers()]
     stacks = [ExpertStack(moe) for moe in model.moe_layers()]
-    model.requires_grad_(True)
-    for moe in model.moe_layers():  # the stacks stand in for the per-expert modules
-        moe.experts.requires_grad_(False)
+    model.requires_grad_(True)  # the stacks stand in for the routed experts, which are not parameters
     params = [p for p in model.parameters() if p.requires_grad] + [p for st in stacks for p in st.parameters()]
     opt = make_optimizer(params, s)
     history = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -19,6 +18,7 @@ from harness.cli.overrides import precheck
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from harness.results.run_result import RunResult
+from tests import process_wait
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, sqlite_uri
 
 register_configs()
@@ -146,7 +146,7 @@ def test_a_quoted_comma_and_a_sweep_with_m_are_fine() -> None:
 @pytest.mark.parametrize(("args", "fix"), MISTAKES[:5], ids=[m[0][0] for m in MISTAKES[:5]])
 def test_the_command_line_answers_each_mistake_with_one_line_and_exit_2(args: list[str], fix: str,
                                                                         tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "harness", "model=tiny", *args], cwd=REPO,
-                          env=harness_env(tmp_path), capture_output=True, text=True, timeout=300)
+    proc = process_wait.run([sys.executable, "-m", "harness", "model=tiny", *args], "python -m harness", cwd=REPO,
+                            env=harness_env(tmp_path))
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and fix in lines[0], proc.stderr

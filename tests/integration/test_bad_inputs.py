@@ -240,7 +240,7 @@ def test_command_line_exit_2_one_line(name, proxy_cache, tiny_dir, tmp_path):
     argv = [a.format(**files) for a in args]
     if module == "harness":
         argv.append(f"hydra.run.dir={run_dir}")
-    proc = run_module(module, argv, proxy_cache, timeout=300)
+    proc = run_module(module, argv, proxy_cache)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -258,7 +258,7 @@ def test_a_bad_value_inside_a_sweep_fails_only_its_job(proxy_cache, tiny_dir, tm
     sweep = tmp_path / "sweep"
     proc = run_module("harness", ["-m", *TINY, "system=gpu_only", "workload=jsonl",
                                   f"workload.path={good},{files['binary']}", f"hydra.sweep.dir={sweep}"],
-                      proxy_cache, timeout=300)
+                      proxy_cache)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert (sweep / "0" / "result.json").is_file() and not (sweep / "0" / "failed.json").exists()

@@ -13,6 +13,7 @@ import pytest
 from harness.cli.overrides import compose_checked, precheck
 from harness.common.errors import HarnessError
 from harness.decode.workload import load_prompts
+from tests import process_wait
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ def run_cli(*args: str, cache: Path, tmp: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HARNESS_CACHE": str(cache)}
     env.pop("HYDRA_FULL_ERROR", None)
     cmd = [sys.executable, "-m", "harness", *args, f"hydra.run.dir={tmp / 'run'}", "tracking.enabled=false"]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return process_wait.run(cmd, "python -m harness", cwd=REPO, env=env)
 
 
 def test_tiny_run_prints_summary_and_writes_result(proxy_cache, tmp_path, tiny_dir):

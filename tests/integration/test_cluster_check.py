@@ -11,11 +11,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import process_wait
 from tests.conftest import REPO
 
 CHECKS = {"slurm": ["packages", "services", "sweep", "sacct", "store", "sqlite", "interrupt", "resume", "teardown"],
@@ -35,6 +35,7 @@ def missing_for(launcher: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("launcher", ["slurm", "submitit_local"])
 def test_cluster_check_passes_every_check(launcher: str, tmp_path: Path) -> None:
     missing = missing_for(launcher)
@@ -45,8 +46,8 @@ def test_cluster_check_passes_every_check(launcher: str, tmp_path: Path) -> None
         pytest.skip("about 20 minutes: set HARNESS_CLUSTER_CHECK=1 to run it")
     env = {**os.environ, "OUT": str(tmp_path)}
     env.pop("HARNESS_CACHE", None)
-    proc = subprocess.run(["bash", "scripts/cluster_check.sh", launcher], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=3600)
+    proc = process_wait.run(["bash", "scripts/cluster_check.sh", launcher], "scripts/cluster_check.sh", cwd=REPO,
+                            env=env)
     lines = [line for line in (tmp_path / "summary.txt").read_text().splitlines() if not line.startswith("total ")]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert [line.split(":")[0] for line in lines] == [f"ok {check}" for check in CHECKS[launcher]]

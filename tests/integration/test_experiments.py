@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from systems.tide import Tide
+from tests import process_wait
 from tests.conftest import REPO
 
 register_configs()
@@ -67,7 +67,7 @@ def test_reduced_experiment_runs(name, proxy_cache, tmp_path, tiny_dir):
            "limit_prompts=1", "decode.gen_length=8", "block=32", "tracking.enabled=false", f"hydra.sweep.dir={sweep}",
            *REDUCED[name]]
     env = {**os.environ, "HARNESS_CACHE": str(proxy_cache)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = process_wait.run(cmd, f"+experiment={name}", cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = [json.loads(p.read_text()) for p in sweep.glob("*/result.json")]
     expected = 1

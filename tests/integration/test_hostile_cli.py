@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import process_wait
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, run_module, sqlite_uri
 from tests.unit.test_sensitivity import small_sweep
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.slow
     (["-m", "model=tiny", "decode.seed=range(0,100000000)"], "100,000,000 jobs"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, needle, proxy_cache, tmp_path):
-    proc = run_module("harness", args, proxy_cache, timeout=120)
+    proc = run_module("harness", args, proxy_cache)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -34,7 +35,7 @@ def test_usage_errors_are_one_line_and_exit_2(args, needle, proxy_cache, tmp_pat
 def test_a_glob_sweep_runs(proxy_cache, tiny_dir, tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_module("harness", ["-m", *TINY, "system=glob(gpu*)", "tracking.enabled=false",
-                                  f"hydra.sweep.dir={sweep}"], proxy_cache, timeout=300)
+                                  f"hydra.sweep.dir={sweep}"], proxy_cache)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (sweep / "0" / "result.json").is_file() and not (sweep / "1").exists()
 
@@ -48,18 +49,15 @@ def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_the_parent_ends_killed(proxy
     args = [sys.executable, "-m", "harness", "-m", *TINY, "decode.gen_length=512", "decode.eos_early_stop=false",
             "budget=55GB", "system=gpu_only", "limit_prompts=1,8", f"tracking.uri={sqlite_uri(store)}",
             f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.Popen(args, cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = process_wait.start(args, cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not (sweep / "0" / "result.json").is_file():
-            assert proc.poll() is None and time.monotonic() < deadline, "no first result"
-            time.sleep(0.05)
+        process_wait.wait_until((sweep / "0" / "result.json").is_file, proc, "the sweep's first result")
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        _, err = process_wait.finish(proc, "the sweep after Ctrl-C")
     finally:
         if proc.poll() is None:
-            proc.kill()
+            process_wait.kill_tree(proc)
     lines = [ln for ln in err.splitlines() if ln.strip() and "%|" not in ln]  # the progress bars aside
     assert proc.returncode == 130, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("interrupted: ") and "resume=true" in lines[0], err[-3000:]
@@ -79,7 +77,7 @@ def test_a_full_disk_mid_run_is_one_line_naming_what_was_saved(proxy_cache, tiny
         run_dir = disk / "run"
         run_dir.mkdir()
         proc = run_module("harness", [*TINY, "system=gpu_only", "tracking.enabled=false", f"hydra.run.dir={run_dir}"],
-                          proxy_cache, timeout=300)
+                          proxy_cache)
         left = sorted(p.name for p in run_dir.iterdir())
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "%|" not in ln]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -97,18 +95,12 @@ def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache,
     common = ["-m", *TINY, "decode.gen_length=8", "budget=55GB", "system=gpu_only,fiddler,mixtral_offload",
               f"tracking.uri={sqlite_uri(store)}", f"cache_dir={cache}"]
     old = tmp_path / "old"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *common, f"hydra.sweep.dir={old}"], cwd=REPO,
-                            env=harness_env(proxy_cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not any((cache / "results").glob("*.json")):  # a finished job, indexed for resume
-            assert proc.poll() is None and time.monotonic() < deadline, "no first indexed result"
-            time.sleep(0.05)
-        proc.kill()
-        proc.wait(timeout=60)
+    proc = process_wait.start([sys.executable, "-m", "harness", *common, f"hydra.sweep.dir={old}"], cwd=REPO,
+                              env=harness_env(proxy_cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # a finished job, indexed for resume
+        process_wait.wait_until(lambda: any((cache / "results").glob("*.json")), proc, "the first indexed result")
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        process_wait.kill_tree(proc)
     [killed] = parent_and_children(store)[0]
     assert killed.info.status == "RUNNING"
     resumed = run_module("harness", [*common, "resume=true", f"hydra.sweep.dir={tmp_path / 'new'}"], proxy_cache)
@@ -139,23 +131,20 @@ def test_ctrl_c_during_a_parallel_sensitivity_ends_its_workers(proxy_cache, tiny
     written (SIGTERM takes the same way out as SystemExit(143): tests/unit/test_sensitivity.py)."""
     sig, code, line = signal.SIGINT, 130, "interrupted:"
     sweep, out = small_sweep(tmp_path, proxy_cache), tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.sensitivity", f"sweep={sweep}", f"out={out}", "jobs=2",
-                             "tracking=false"], cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline, workers = time.monotonic() + 120, []
-        while len(workers) < 2:  # signalled while the workers start (importing torch takes seconds)
-            assert proc.poll() is None and time.monotonic() < deadline, "no workers"
-            workers = _spawned_workers(proc.pid)
-            time.sleep(0.02)
+    proc = process_wait.start([sys.executable, "-m", "harness.sensitivity", f"sweep={sweep}", f"out={out}",
+                               "jobs=2", "tracking=false"], cwd=REPO, env=harness_env(proxy_cache),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # signalled while the workers start (importing torch takes seconds)
+        process_wait.wait_until(lambda: len(_spawned_workers(proc.pid)) >= 2, proc, "two sensitivity workers")
+        workers = _spawned_workers(proc.pid)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        _, err = process_wait.finish(proc, "the sensitivity after Ctrl-C")
     finally:
         if proc.poll() is None:
-            proc.kill()
+            process_wait.kill_tree(proc)
     assert proc.returncode == code, err[-2000:]
     assert any(ln.startswith(line) for ln in err.splitlines()) and "Traceback" not in err, err[-2000:]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # they end with their parent; the ceiling only catches one left running
     while not all(_gone(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_gone(w) for w in workers)

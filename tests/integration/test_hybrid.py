@@ -39,6 +39,7 @@ from harness.placement.plan import move_count, move_ids
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from systems.registry import make_system
+from tests import process_wait
 from tests.harness_cli import REPO, TINY, run_module
 from tests.hybrid_recording import (
     CALIBRATION,
@@ -378,14 +379,16 @@ def test_the_gpu_check_script_parses() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_gpu_check_script_runs_end_to_end_on_the_stand_in(tmp_path) -> None:
     """The prepared GPU script, dry-run with the CPU playing the device: every step it takes
     on a GPU (hardware=local, gpu_only first as the reference, a system, the summary)."""
     env = {**os.environ, "BACKEND": "standin", "MODEL": "tiny", "SYSTEMS": "gpu_only tide", "CUDA_TESTS": "0",
            "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = process_wait.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], "scripts/gpu_check.sh", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+    cut = [line for line in done.stdout.splitlines() if "timed out" in line]
+    assert not cut, f"a step of scripts/gpu_check.sh timed out: {cut[0]}"
     rows = [line.split("\t") for line in (tmp_path / "out" / "summary.tsv").read_text().splitlines()
             if not line.startswith("#")]
     header, body = rows[0], {row[0]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}

@@ -13,7 +13,6 @@ import json
 import multiprocessing
 import os
 import socketserver
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from harness.job import mlflow_log as tracking
 from harness.job.config import register_configs
 from harness.job.mlflow_log import TrackingConfig
 from harness.tracking.mlflow_store import TrackingUnavailable, open_store
+from tests import process_wait
 from tests.conftest import REPO
 from tests.harness_cli import TINY, empty_store, harness_env, run_module, runs_of, sqlite_uri
 from tests.integration.test_tracking import hand_made_result, typed
@@ -206,8 +206,7 @@ def test_telemetry_is_off_by_default(tmp_path: Path) -> None:
     code = ("import os; from harness.tracking.mlflow_store import open_store; "
             f"open_store('sqlite:///{tmp_path}/m.db').search_experiments(); "
             "print(os.environ['MLFLOW_DISABLE_TELEMETRY'])")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = process_wait.run([sys.executable, "-c", code], "open_store", cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "true"
     assert not (tmp_path / "home" / ".config" / "mlflow").exists()

@@ -64,7 +64,7 @@ def naive_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
         total = sum(float(s[e]) for e in chosen)
         for e in chosen:
             ex = moe.experts[e]
-            y = ex.down_proj(F.silu(ex.gate_proj(x[t])) * ex.up_proj(x[t]))
+            y = F.linear(F.silu(F.linear(x[t], ex.gate)) * F.linear(x[t], ex.up), ex.down)
             out[t] += float(s[e]) / total * gate.scale * y
         out[t] += moe.shared_experts(x[t : t + 1])[0]
     return out

@@ -18,6 +18,7 @@ from harness.job.mlflow_log import TrackingConfig
 from harness.results.run_result import RunResult
 from harness.tracking import sweep_run
 from harness.tracking.sweep_run import ENDED_TAG, RESUMES_TAG
+from tests import process_wait
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, runs_of, sqlite_uri
 from tests.integration.test_tracking import hand_made_result, write_run
 
@@ -169,18 +170,15 @@ def test_sigterm_ends_the_parent_killed_and_resume_finishes_it(
             f"hydra.sweep.dir={sweep_dir}"]
     log = tmp_path / "killed.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=harness_env(proxy_cache), stdout=out, stderr=subprocess.STDOUT)
+        proc = process_wait.start(args, cwd=REPO, env=harness_env(proxy_cache), stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 300
-            while not (sweep_dir / "0" / "result.json").is_file():
-                assert proc.poll() is None, f"the sweep ended before its first result:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "no first result"
-                time.sleep(0.05)
+            process_wait.wait_until((sweep_dir / "0" / "result.json").is_file, proc, "the sweep's first result")
             proc.send_signal(signal.SIGTERM)
-            returncode = proc.wait(timeout=120)
+            process_wait.finish(proc, "the sweep after SIGTERM")
+            returncode = proc.returncode
         finally:
             if proc.poll() is None:
-                proc.kill()
+                process_wait.kill_tree(proc)
     output = log.read_text()
     parents, _ = parent_and_children(store)
     assert len(parents) == 1, output[-3000:]
@@ -192,8 +190,7 @@ def test_sigterm_ends_the_parent_killed_and_resume_finishes_it(
     assert not running, f"{running}\n{output[-3000:]}"
     assert not (sweep_dir / "sweep_summary.csv").exists()  # the sweep really was cut short
 
-    resumed = subprocess.run([*args, "resume=true"], cwd=REPO, env=harness_env(proxy_cache),
-                             capture_output=True, text=True, timeout=300)
+    resumed = process_wait.run([*args, "resume=true"], "the resumed sweep", cwd=REPO, env=harness_env(proxy_cache))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # job 0 is skipped, or run again if the signal came before its result was indexed for resume
     done = [ln.split(":")[0] for ln in resumed.stdout.splitlines() if ln.startswith(("[ok] #", "[skipped] #"))]

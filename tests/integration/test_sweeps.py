@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import process_wait
 from tests.harness_cli import REPO, empty_store, parent_and_children, sqlite_uri, sweep
 
 pytestmark = pytest.mark.slow
@@ -147,15 +148,19 @@ def test_mlflow_server_lists_the_sweep_runs(basic_sweep: dict, tmp_path: Path) -
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        answer, deadline = None, time.monotonic() + 90
-        while answer is None and time.monotonic() < deadline:
+        answer: dict = {}
+
+        def answered() -> bool:  # the server is up when it answers (starting it takes seconds, more under load)
             if server.poll() is not None:
                 pytest.skip(f"mlflow server could not start here: {(tmp_path / 'server.log').read_text()[-500:]}")
             try:
-                answer = _search_runs(port, [parents[0].info.experiment_id])
+                answer.update(_search_runs(port, [parents[0].info.experiment_id]))
             except OSError:
-                time.sleep(1)
-        assert answer is not None, f"no answer from mlflow server: {(tmp_path / 'server.log').read_text()[-500:]}"
+                time.sleep(0.5)
+                return False
+            return True
+
+        process_wait.wait_until(answered, server, "mlflow server")
         listed = {r["info"]["run_id"] for r in answer["runs"]}
         assert listed == {parents[0].info.run_id} | {c.info.run_id for c in children}
     finally:

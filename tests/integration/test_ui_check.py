@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import process_wait
 from tests.harness_cli import REPO, harness_env
 
 CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
@@ -17,12 +17,13 @@ CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get update && apt-get install -y "
                                               "chromium); the MLflow UI check needs a real browser")
 def test_mlflow_ui_shows_the_sweep_in_a_real_browser(tmp_path: Path, proxy_cache: Path) -> None:
     env = {**harness_env(proxy_cache), "CHROMIUM": str(CHROMIUM)}
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "ui_check.sh"), str(tmp_path / "shots")], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=900)
+    proc = process_wait.run(["bash", str(REPO / "scripts" / "ui_check.sh"), str(tmp_path / "shots")],
+                            "scripts/ui_check.sh", cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert not [ln for ln in lines if ln.startswith("FAILED")]

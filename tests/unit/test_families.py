@@ -102,11 +102,14 @@ def test_proxy_keeps_the_published_routing_geometry_at_small_widths():
 # ---- the bridge -----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_bridged_logits_equal_the_stock_eager_model_bit_for_bit(name):
+def test_bridged_logits_equal_the_stock_model_bit_for_bit(name, implementation):
+    """Whatever experts implementation the model was loaded with (transformers' default is
+    grouped_mm), the bridged model computes with it: the same logits to the bit."""
     adapter, model = tiny_model(name)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
-    model.set_experts_implementation("eager")
+    model.set_experts_implementation(implementation)
     stock = forward_logits(adapter, model, ids)
     router = RecordingRouter()
     attach(model, router)
@@ -121,7 +124,7 @@ def test_bridged_logits_equal_the_stock_eager_model_bit_for_bit(name):
         tokens = ids.shape[1] // stacks
         assert int(load.sum()) == tokens * g.num_experts_per_tok
         assert (hint is None) == (layer == g.n_moe_layers - 1)
-    assert model.config._experts_implementation == "eager"
+    assert model.config._experts_implementation == implementation
     assert all(not hasattr(s.experts, "_harness_slot") for s in adapter.moe_sites(model, g))
 
 
