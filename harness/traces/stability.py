@@ -6,11 +6,14 @@ harness/traces/routing_stats.py reports its cosines; a leaf below both."""
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 
 from harness.placement.trace import RoutingTrace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def denoise_runs(trace: RoutingTrace) -> list[list[int]]:
@@ -32,6 +35,8 @@ def top_set(load: torch.Tensor, b: int) -> torch.Tensor:
 
 def stability_table(trace: RoutingTrace, experts_per_layer: int, max_k: int = 8) -> pd.DataFrame:
     """One row per k: mean cosine similarity and top-B retention, with the pair count."""
+    import pandas as pd  # a run imports this module; only the analysis needs pandas (~0.5 s to import)
+
     loads = trace.loads.float()
     sums: dict[int, list[float]] = {k: [0.0, 0.0, 0] for k in range(1, max_k + 1)}
     for run in denoise_runs(trace):
