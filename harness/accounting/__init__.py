@@ -8,6 +8,9 @@ timeline (docs/cost-model.md).
   budget.py         GPU memory -> experts per layer (scope per_layer | global)
   topology.py       multi-GPU speed profiles and the expert-parallel layer cost
   ledger.py         counters, the forward timeline and the step series, charged in batches
+  charge.py         the charge rule: outcomes prepared (cost-free), charged under a cost table,
+                    added to the counters (the ledger and sensitivity's re-charge both use it)
+  outcomes.py       a batch's placement outcomes, and a recorder that keeps them to charge again
   breakdown.py      the modeled time per forward split by component, per phase and by window length
   clock.py          the forward clock the ledger charges (compiled)
   tallies.py        per-layer pairs, misses and experts per side (compiled)

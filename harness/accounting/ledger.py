@@ -7,7 +7,8 @@ executor's engine is a live engine. Placement (which experts are resident, wheth
 keeps the rules) is decided before anything reaches the ledger; the ledger only counts
 and charges.
 
-What a layer is charged (harness/accounting/cost.py has the model):
+What a layer is charged (harness/accounting/cost.py has the model; harness/accounting/charge.py
+applies the rule, for the ledger and for sensitivity's re-charge alike):
 
     routed pairs   sum of the layer's loads        missed pairs  loads of its missed experts
     cpu tokens     loads of its CPU experts        copies        sync, scratch, free, async
@@ -46,61 +47,22 @@ order (harness/accounting/ordered_sums.py), so how forwards are batched never ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from harness.accounting.breakdown import COST_COLUMNS
-from harness.accounting.clock import ForwardTimes, forward_times
+from harness.accounting.charge import Counters, add_charge, charge_prepared, prepare_outcomes
+from harness.accounting.clock import ForwardTimes
 from harness.accounting.cost import CostModel, NonExpertTime
-from harness.accounting.ordered_sums import running_sum, table_row_sums
+from harness.accounting.outcomes import LayerOutcomes, OutcomeRecorder
 from harness.accounting.phases import ForwardFigures, PhaseTallies, busy_shares, hit_rate, phase_measures
-from harness.accounting.pipeline import MissPipeline
-from harness.accounting.tallies import LayerTallies, layer_tallies
 from harness.placement.steps import StepInfo
 
+__all__ = ["LIVE_CHUNK", "BatchPlanner", "Counters", "LayerOutcomes", "Ledger"]  # the outcomes and counters it charges
+
 LIVE_CHUNK = 64  # forwards a live run buffers before charging them together
-
-
-@dataclass
-class Counters:
-    routed_pairs: int = 0
-    missed_pairs: int = 0
-    cpu_expert_tokens: int = 0
-    copies_sync: int = 0
-    copies_async: int = 0
-    copies_scratch: int = 0
-    copies_free: int = 0
-    time_gpu_experts_s: float = 0.0
-    time_cpu_experts_s: float = 0.0
-    time_copies_s: float = 0.0
-    time_non_expert_s: float = 0.0
-    busy_cpu_experts_s: float = 0.0
-    busy_copies_s: float = 0.0
-
-
-@dataclass
-class LayerOutcomes:
-    """m recorded layers of each of n forwards: what placement decided for them.
-
-    on_gpu / missed are subsets of the routed experts (load > 0); every other routed
-    expert computes on the CPU. copies_* [n, m]: sync copies that stay resident, one-use
-    scratch copies, free moves (charged nothing), async copies (own layer and prefetches).
-    wait_row / wait_copies [n, m]: the GPU experts wait until that row's first
-    `wait_copies` async copies landed (0: no wait)."""
-
-    loads: np.ndarray  # int64 [n, m, E]
-    on_gpu: np.ndarray  # bool [n, m, E]
-    missed: np.ndarray  # bool [n, m, E]
-    copies_sync: np.ndarray
-    copies_scratch: np.ndarray
-    copies_async: np.ndarray
-    copies_free: np.ndarray | None = None
-    wait_row: np.ndarray | None = None
-    wait_copies: np.ndarray | None = None
-    gpu_s: np.ndarray | None = None  # float [n, m], given (topology=multi)
 
 
 class BatchPlanner(Protocol):
@@ -134,21 +96,6 @@ def _cost_rows(sizes: list[tuple[int, int]], parts: list[NonExpertTime], gpu_s: 
     return rows
 
 
-class ExpertSeconds:
-    """Per layer, the torch sum of one device's expert times in ascending id order, the
-    times looked up in the cost model's table of its vector function (`time_table`)."""
-
-    def __init__(self, cost: CostModel, device: str) -> None:
-        self.cost, self.device = cost, device
-
-    def __call__(self, loads: np.ndarray, mask: np.ndarray | Callable[[], np.ndarray],
-                 lengths: np.ndarray | None = None, top: int | None = None) -> np.ndarray:
-        """loads int64 [..., E], mask bool [..., E] (routed experts) -> float [...];
-        lengths / top / a mask built on demand: see `table_row_sums`."""
-        biggest = top if top is not None else int(loads.max()) if loads.size else 0
-        return table_row_sums(self.cost.time_table(self.device, biggest), loads, mask, lengths, top)
-
-
 @dataclass
 class _LiveForward:
     step: StepInfo
@@ -160,15 +107,17 @@ class Ledger:
     """The accounts of one run: counters, step series, and the live forwards recorded but
     not charged yet (charged in batches of LIVE_CHUNK, and whenever they are read)."""
 
-    def __init__(self, cost: CostModel, n_layers: int, n_experts: int, overlap: bool, pipeline_slots: int = 0) -> None:
+    def __init__(self, cost: CostModel, n_layers: int, n_experts: int, overlap: bool, pipeline_slots: int = 0,
+                 recorder: OutcomeRecorder | None = None) -> None:
         self.cost, self.n_layers, self.n_experts, self.overlap = cost, n_layers, n_experts, overlap
         # > 0: misses load while GPU experts compute (harness/accounting/pipeline.py)
         self.pipeline_slots = pipeline_slots
+        # keeps every closed batch charged, to be charged again under other cost tables
+        # (the sensitivity analysis: docs/sensitivity.md); set it before the first forward
+        self.recorder = recorder
         self.counters = Counters()
         self._series: list[dict[str, Any]] = []
         self._notes: dict[int, dict[str, Any]] = {}  # forward index -> figures added to its step
-        self.gpu_seconds = ExpertSeconds(cost, "gpu")
-        self.cpu_seconds = ExpertSeconds(cost, "cpu")
         self._breakdowns: dict[tuple[int, int], NonExpertTime] = {}
         self._cost_rows: list[np.ndarray] = []  # per charged forward: COST_COLUMNS (the cost breakdown)
         # live forwards: rows written in place, charged together
@@ -284,58 +233,24 @@ class Ledger:
 
     def charge(self, steps: list[StepInfo], sizes: list[tuple[int, int]], out: LayerOutcomes,
                closed: bool = True) -> None:
-        """Charge n forwards (their steps, (tokens, context) and layer outcomes), in order;
-        closed=False: forwards still open, charged up to their last recorded layer."""
-        c, loads = self.counters, out.loads
-        tally = layer_tallies(loads, out.on_gpu, out.missed)
-        routed, missed = tally.routed, tally.missed
-        given = out.gpu_s  # topology=multi: the slowest GPU's seconds
-        gpu_s = given if given is not None else self.gpu_seconds(loads, out.on_gpu, tally.n_gpu, tally.top)
-        cpu_s = self.cpu_seconds(loads, lambda: (loads > 0) & ~out.on_gpu, tally.n_cpu, tally.top)
-        parts = [self.breakdown(*size) for size in sizes]
-        split = np.array([(p.before_moe, p.per_moe_layer, p.head) for p in parts], np.float64).reshape(-1, 3)
-        n_sync = out.copies_scratch + out.copies_sync
-        copy_one = self.cost.copy_time(1)
-        if self.cost.pageable:  # every copy blocks the host: charged where it is issued, nothing in flight
-            blocking = n_sync + out.copies_async
-            times = forward_times(split, self.n_layers, gpu_s, cpu_s, blocking, np.zeros_like(blocking), copy_one,
-                                  self.overlap, cpu_after_copies=True)
-        else:
-            pipeline = self._pipeline(out, tally, n_sync) if self.pipeline_slots > 0 else None
-            times = forward_times(split, self.n_layers, gpu_s, cpu_s, n_sync, out.copies_async, copy_one,
-                                  self.overlap, out.wait_row, out.wait_copies, pipeline)
-        c.routed_pairs += int(routed.sum())
-        c.missed_pairs += int(missed.sum())
-        c.cpu_expert_tokens += int(tally.cpu_tokens.sum())
-        c.copies_sync += int(out.copies_sync.sum())
-        c.copies_scratch += int(out.copies_scratch.sum())
-        c.copies_async += int(out.copies_async.sum())
-        c.copies_free += int(out.copies_free.sum()) if out.copies_free is not None else 0
-        non_expert_s = np.array([p.total for p in parts])
-        c.time_non_expert_s = running_sum(c.time_non_expert_s, non_expert_s)
-        waits = np.concatenate([times.copies_s, times.drain_s[:, None]], 1) if closed else times.copies_s
-        c.time_gpu_experts_s = running_sum(c.time_gpu_experts_s, gpu_s)
-        c.time_cpu_experts_s = running_sum(c.time_cpu_experts_s, times.cpu_exposed_s)
-        c.time_copies_s = running_sum(c.time_copies_s, waits)
-        c.busy_cpu_experts_s = running_sum(c.busy_cpu_experts_s, cpu_s)
-        copies_busy_s = (n_sync + out.copies_async) * copy_one
-        c.busy_copies_s = running_sum(c.busy_copies_s, copies_busy_s)
-        if closed:
-            self._append_steps(steps, routed.sum(-1).tolist(), missed.sum(-1).tolist(), times.total_s.tolist())
-            self._cost_rows.append(_cost_rows(sizes, parts, gpu_s, times))
-            if self.phases is not None:
-                self.phases.add(ForwardFigures(
-                    [step.kind for step in steps], times.total_s, gpu_s, cpu_s, non_expert_s,
-                    copies_busy_s, (tally.n_gpu + tally.n_cpu).sum(-1), np.count_nonzero(out.missed, axis=(1, 2))))
-
-    def _pipeline(self, out: LayerOutcomes, tally: LayerTallies, n_sync: np.ndarray) -> MissPipeline:
-        """The pipelined layers' inputs; every sync copy must be a missed GPU expert's."""
-        if not np.array_equal(tally.n_to_load, n_sync):
-            raise RuntimeError("a pipelined layer copies other experts than its missed GPU experts")
-        loads = out.loads
-        hit_s = self.gpu_seconds(loads, lambda: out.on_gpu & ~out.missed, tally.n_hit, tally.top)
-        table = self.cost.time_table("gpu", tally.top)
-        return MissPipeline(self.pipeline_slots, hit_s, loads, out.on_gpu & out.missed, table)
+        """Charge n forwards (their steps, (tokens, context) and layer outcomes), in order, by
+        the charge rule of harness/accounting/charge.py; closed=False: forwards still open,
+        charged up to their last recorded layer (and neither recorded nor in the series)."""
+        prepared = prepare_outcomes(out, self.pipeline_slots)
+        charged = charge_prepared(prepared, self.cost, sizes, self.n_layers, self.overlap, self.breakdown)
+        add_charge(self.counters, prepared, charged, closed)
+        if not closed:
+            return
+        tally, times = prepared.tally, charged.times
+        self._append_steps(steps, tally.routed.sum(-1).tolist(), tally.missed.sum(-1).tolist(),
+                           times.total_s.tolist())
+        self._cost_rows.append(_cost_rows(sizes, charged.parts, charged.gpu_s, times))
+        if self.phases is not None:
+            self.phases.add(ForwardFigures(
+                [step.kind for step in steps], times.total_s, charged.gpu_s, charged.cpu_s, charged.non_expert_s,
+                charged.copies_busy_s, (tally.n_gpu + tally.n_cpu).sum(-1), np.count_nonzero(out.missed, axis=(1, 2))))
+        if self.recorder is not None:
+            self.recorder.add(steps, sizes, out)
 
     def _append_steps(self, steps: list[StepInfo], routed: list[int], missed: list[int], totals: list[float]) -> None:
         for i, step in enumerate(steps):
@@ -374,7 +289,7 @@ class Ledger:
             return {}
         c = self.counters_now()
         self.flush()
-        modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
+        modeled = c.modeled_time_s
         return {**busy_shares(c.time_gpu_experts_s, c.busy_cpu_experts_s, c.time_non_expert_s, c.busy_copies_s,
                               modeled),
                 **hit_rate(*self.phases.routed_and_missed()), **phase_measures(self.phases)}
@@ -385,7 +300,7 @@ class Ledger:
         step_series = self.step_series()
         copies = c.copies_sync + c.copies_async + c.copies_scratch
         io_bytes = int(copies * self.cost.expert_bytes)
-        modeled = c.time_gpu_experts_s + c.time_cpu_experts_s + c.time_copies_s + c.time_non_expert_s
+        modeled = c.modeled_time_s
         return {
             "forwards": len(step_series),
             "routed_pairs": c.routed_pairs,

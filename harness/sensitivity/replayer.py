@@ -16,22 +16,21 @@ planned (no ledger) and charged by the re-charge. Every other system is replayed
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from harness.accounting.cost import CostModel, HardwareConfig
-from harness.accounting.ledger import LayerOutcomes, Ledger
+from harness.accounting.ledger import Ledger
+from harness.accounting.outcomes import OutcomeRecorder
 from harness.engine.engine import OffloadEngine
-from harness.placement.steps import StepInfo
 from harness.placement.system import MoEGeometry, System
 from harness.placement.trace import RoutingTrace
-from harness.sensitivity.recharge import PreparedOutcomes
+from harness.sensitivity.recharge import RecordedOutcomes
 from harness.traces.batch_replay import batch_refusal, planned_chunks, replay_trace
 from systems.registry import system_from_config
 
-Charge = tuple[list[StepInfo], list[tuple[int, int]], LayerOutcomes]
 KeyFn = Callable[[System, CostModel, int], Hashable]
 KEPT_OUTCOMES = 2  # recorded outcomes a replayer keeps (by decision key; a gen-1024 replay's take ~0.3 GB)
 
@@ -85,7 +84,7 @@ class JobReplayer:
         if spec.loads is None:
             spec.loads = trace_loads(spec.trace)
         self.top = int(spec.loads.max()) if spec.loads.size else 0
-        self._recorded: dict[Hashable, PreparedOutcomes] = {}
+        self._recorded: dict[Hashable, RecordedOutcomes] = {}
         self._busy: dict[str, float] | None = None  # CPU and link use at the job's own profile
         self.replays = self.recharges = 0
         self.planned = 0  # replays that only planned (no ledger): their outcomes charged by the re-charge
@@ -112,22 +111,22 @@ class JobReplayer:
             self.planned += 1
             prepared = self._keep(key, _planned(engine, spec.trace, spec.loads), engine.ledger)
             return prepared.modeled_seconds(cost)
-        charges: list[Charge] = []
-        if key_fn is not None:
-            _record_charges(engine.ledger, charges, spec.loads)
+        if key_fn is not None:  # the ledger keeps what it charges, to be charged again
+            engine.ledger.recorder = OutcomeRecorder(spec.loads)
         replay_trace(engine, spec.trace)
         figures = engine.ledger.figures()
-        if key_fn is not None:
-            self._keep(key, charges, engine.ledger)
+        if engine.ledger.recorder is not None:
+            self._keep(key, engine.ledger.recorder, engine.ledger)
         if self._busy is None and hw == spec.hardware:
             self._busy = {"cpu": figures["busy_cpu_experts_s"], "link": figures["busy_copies_s"]}
         return figures["modeled_time_s"]
 
-    def _keep(self, key: Hashable, charges: list[Charge], ledger: Ledger) -> PreparedOutcomes:
+    def _keep(self, key: Hashable, recorder: OutcomeRecorder, ledger: Ledger) -> RecordedOutcomes:
         """Keep a replay's outcomes under its decision key, ready to be charged again."""
         while len(self._recorded) >= KEPT_OUTCOMES:  # the oldest goes: outcomes of a long trace take GBs
             self._recorded.pop(next(iter(self._recorded)))
-        prepared = PreparedOutcomes(charges, ledger.n_layers, ledger.overlap, ledger.pipeline_slots, self.spec.loads)
+        prepared = RecordedOutcomes(recorder.batches, ledger.n_layers, ledger.overlap, ledger.pipeline_slots,
+                                    self.spec.loads)
         self._recorded[key] = prepared
         return prepared
 
@@ -142,42 +141,10 @@ class JobReplayer:
         return DECISION_KEYS.get(name) is _no_key and part in self._busy and self._busy[part] == 0.0
 
 
-def _record_charges(ledger: Ledger, charges: list[Charge], loads: np.ndarray) -> None:
-    """Keep a copy of every batch of forwards the ledger charges (a live chunk's arrays are
-    views of buffers the ledger reuses); their loads are the trace's, kept once: a view of
-    `loads` at the batch's forwards (a replay charges its forwards in order)."""
-    charge = ledger.charge
-    first = [0]
-
-    def recording(steps: list[StepInfo], sizes: list[tuple[int, int]], out: LayerOutcomes,
-                  closed: bool = True) -> None:
-        charge(steps, sizes, out, closed)
-        if not closed:  # a look at an open forward's counters (counters_now), undone after it
-            return
-        n, m = out.loads.shape[:2]
-        view = loads[first[0] : first[0] + n, :m]
-        if view.shape != out.loads.shape:
-            raise RuntimeError("a replay charged forwards out of order; the re-charge cannot share the trace's loads")
-        masks = {f.name: _copy(getattr(out, f.name)) for f in fields(LayerOutcomes) if f.name != "loads"}
-        kept = LayerOutcomes(loads=view, **masks)
-        first[0] += n
-        charges.append((list(steps), list(sizes), kept))
-
-    ledger.charge = recording  # type: ignore[method-assign]
-
-
-def _planned(engine: OffloadEngine, trace: RoutingTrace, loads: np.ndarray) -> list[Charge]:
-    """The system's outcomes over the trace, chunk by chunk, as `_record_charges` keeps a
-    full replay's (copies of the masks, the loads as views of `loads`)."""
-    charges: list[Charge] = []
-    first = 0
+def _planned(engine: OffloadEngine, trace: RoutingTrace, loads: np.ndarray) -> OutcomeRecorder:
+    """The system's outcomes over the trace, chunk by chunk, recorded as the ledger's recorder
+    keeps a full replay's."""
+    recorder = OutcomeRecorder(loads)
     for steps, sizes, out in planned_chunks(engine, trace, loads):
-        n, m = out.loads.shape[:2]
-        masks = {f.name: _copy(getattr(out, f.name)) for f in fields(LayerOutcomes) if f.name != "loads"}
-        charges.append((list(steps), list(sizes), LayerOutcomes(loads=loads[first : first + n, :m], **masks)))
-        first += n
-    return charges
-
-
-def _copy(value: Any) -> Any:
-    return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+        recorder.add(steps, sizes, out)
+    return recorder

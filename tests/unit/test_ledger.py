@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from harness.accounting.charge import ExpertRuns
 from harness.accounting.clock import forward_times
 from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
-from harness.accounting.ledger import ExpertSeconds, LayerOutcomes, Ledger
+from harness.accounting.ledger import LayerOutcomes, Ledger
 from harness.accounting.ordered_sums import constant_row_sums, row_sums, running_sum, table_row_sums, torch_sum
 from harness.model.config import LLaDA2Config
 from harness.placement.steps import StepInfo
@@ -76,9 +77,12 @@ def test_expert_seconds_are_the_bits_of_the_torch_sums(profile: str) -> None:
     loads = torch.stack(rows).numpy()
     mask = loads > 0
     for device, times in (("gpu", cost.gpu_expert_times), ("cpu", cost.cpu_expert_times)):
-        got = ExpertSeconds(cost, device)(loads[None], mask[None])[0]
         expected = [float(times(torch.from_numpy(row[row > 0])).sum()) for row in loads]
-        assert got.tolist() == expected
+        for reuse in (False, True):  # one charge (the ledger's) and many (the re-charge's): the same bits
+            runs = ExpertRuns(loads[None], mask[None], mask[None].sum(-1), int(loads.max()), reuse)
+            table = cost.time_table(device, int(loads.max()))
+            assert runs.seconds(table)[0].tolist() == expected
+            assert runs.seconds(table)[0].tolist() == expected  # kept by the table's values
 
 
 def _one_layer(gpu_s, cpu_s, n_sync, n_async, overlap, wait=(0, 0), layers=1):
