@@ -71,6 +71,12 @@ class DaliConfig:
     overlap: bool = True  # DALI runs the CPU and GPU sides concurrently; false charges them one after the other
 
 
+def workload_decay(config: DaliConfig) -> float:
+    """The decay of this run's workload score (its replacement rule's), for the cache replay
+    of DALI's measures."""
+    return float(config.decay)
+
+
 class Dali(System):
     name = "dali"
     config_class = DaliConfig
@@ -336,4 +342,5 @@ ENTRY = SystemEntry(
     # each of its three parts switched off, and other prefetch and decay settings
     invariant_options=({}, {"assign": False}, {"prefetch": False}, {"replacement": False},
                        {"prefetch_k": 2, "decay": 0.0}),
+    measure_decay=workload_decay,
 )

@@ -1,14 +1,18 @@
 """What a policy module exports for the registry: `ENTRY = SystemEntry(...)`, naming its
 policy class, its config dataclass (the one place its defaults live), its batch planner if
-it has one, and the option sets the shared tests and the golden grid run it with.
+it has one, the option sets the shared tests and the golden grid run it with, and every
+other fact the harness knows about the system: its role in comparisons (reference,
+baseline, contender), the decision key the sensitivity analysis re-charges by, what a
+replay of it costs, the figures a run of it adds, the decay of its workload score.
 
-systems/registry.py lists the entries; everything that needs "every system" (the config
-schema, the report's order, the planning benchmark, the golden grid, the invariant tests)
-derives it from there (docs/adding-a-system.md)."""
+systems/registry.py lists the entries; everything that needs "every system" or a fact of
+one (the config schema, the report's order and baselines, the planning benchmark, the
+golden grid, the invariant tests, the sensitivity analysis, a run's measures) derives it
+from there, never from a system's name (docs/adding-a-system.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -16,7 +20,20 @@ import numpy as np
 
 from harness.accounting.bitsets import as_mask
 from harness.accounting.ledger import BatchPlanner
-from harness.placement.system import System
+from harness.placement.system import ExpertCosts, System
+
+ROLES = ("reference", "baseline", "contender")
+REPLAY_COSTS = ("cheap", "costly")
+
+# A decision key: (the prepared system, the cost model, the trace's largest load) -> a value
+# that two cost models give alike only if the system decides alike under both
+# (docs/sensitivity.md: re-charges).
+DecisionKey = Callable[[System, ExpertCosts, int], Hashable]
+
+
+def cost_free(system: System, cost: ExpertCosts, top: int) -> Hashable:
+    """The decision key of a system that never asks the cost model: one key for all."""
+    return ()
 
 
 @dataclass(frozen=True)
@@ -27,17 +44,48 @@ class SystemEntry:
 
     invariant_options: option sets the registry-wide property test drives it with (each
     keeps the plan rules; the oracle's modeled time bounds each from below).
-    golden_variants: extra golden-grid cells, name suffix -> overrides (`tide+async`)."""
+    golden_variants: extra golden-grid cells, name suffix -> overrides (`tide+async`).
+    role: how comparisons treat it (its plain label, as charged by its original): a
+        "reference" is a bound, shown but never the winner (gpu_only, the oracle); a
+        "baseline" is what the speedup is over (the report's speedup column, sensitivity's
+        margin); a "contender" is compared against the baselines.
+    decision_key: what of the cost model its decisions depend on (`cost_free`: nothing),
+        defined beside its own rule and sharing its expression; the sensitivity analysis
+        charges recorded outcomes again while the key is unchanged. None: no key, every
+        sensitivity replay plans again.
+    replay_cost: "costly" when one replay takes seconds (the oracle re-solves its placement):
+        the sensitivity analysis leaves it out by default (`skip`).
+    figures: figures a run of it adds to result.json when the run computes the papers'
+        measures (GEM's profiling cost), from the prepared system.
+    measure_decay: the decay of the workload score that DALI's cache replay (a run's
+        measures, harness/traces/dali_measures.py) uses in runs of this system, from its
+        config; None: the replay's default."""
 
     policy: type[System]
     config: type
     batch_planner: Callable[[Any, np.ndarray], BatchPlanner] | None = None
     invariant_options: tuple[Mapping[str, Any], ...] = ({},)
     golden_variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    role: str = "contender"
+    decision_key: DecisionKey | None = None
+    replay_cost: str = "cheap"
+    figures: Callable[[Any], dict[str, float]] | None = None
+    measure_decay: Callable[[Any], float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"{self.policy.__name__}: role {self.role!r} is not one of {ROLES}")
+        if self.replay_cost not in REPLAY_COSTS:
+            raise ValueError(f"{self.policy.__name__}: replay_cost {self.replay_cost!r} is not one of {REPLAY_COSTS}")
 
     @property
     def name(self) -> str:
         return self.policy.name
+
+    @property
+    def decides_without_cost(self) -> bool:
+        """Its decisions never ask the cost model (`decision_key` is `cost_free`)."""
+        return self.decision_key is cost_free
 
     @property
     def multi_gpu(self) -> bool:

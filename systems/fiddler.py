@@ -17,6 +17,7 @@ per-expert sums.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from harness.accounting.ledger import LayerOutcomes
 from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
-from harness.placement.system import PrepareContext, System
+from harness.placement.system import ExpertCosts, PrepareContext, System
 from systems.entry import SystemEntry
 from systems.tide_tau import top_b_mask
 
@@ -83,10 +84,7 @@ class Fiddler(System):
     def _tabulate(self, top: int) -> None:
         """The rule for every load up to at least `top`."""
         if top >= len(self._rule):
-            cost = self.ctx.cost
-            n = max(len(cost.time_table("gpu", top)), len(cost.time_table("cpu", top)))
-            gpu, cpu = cost.time_table("gpu", n - 1)[:n], cost.time_table("cpu", n - 1)[:n]
-            self._rule = cpu <= cost.copy_time(1) + gpu
+            self._rule = cheaper_on_cpu_table(self.ctx.cost, top)
 
     def plan(
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
@@ -100,6 +98,20 @@ class Fiddler(System):
         scratch = np.flatnonzero(to_scratch)
         return LayerPlan(gpu=(routed & resident) | to_scratch, cpu=miss & ~to_scratch, fetch_sync=scratch,
                          scratch=scratch)
+
+
+def cheaper_on_cpu_table(cost: ExpertCosts, top: int) -> np.ndarray:
+    """bool [n], n > top: `prefers_cpu` of every load 0..n-1, from the cost model's tables
+    (a miss with n tokens computes on the CPU iff cpu(n) <= one copy + gpu(n))."""
+    n = max(len(cost.time_table("gpu", top)), len(cost.time_table("cpu", top)))
+    gpu, cpu = cost.time_table("gpu", n - 1)[:n], cost.time_table("cpu", n - 1)[:n]
+    return cpu <= cost.copy_time(1) + gpu
+
+
+def decision_key(system: System, cost: ExpertCosts, top: int) -> Hashable:
+    """Fiddler's placement is static and a miss goes to the CPU or a scratch copy by its load
+    alone: its decisions over a trace whose loads reach `top` are its rule on loads 0..top."""
+    return cheaper_on_cpu_table(cost, top)[: top + 1].tobytes()
 
 
 class FiddlerBatchPlanner:
@@ -120,4 +132,4 @@ class FiddlerBatchPlanner:
         return self.resident
 
 
-ENTRY = SystemEntry(Fiddler, FiddlerConfig, FiddlerBatchPlanner)
+ENTRY = SystemEntry(Fiddler, FiddlerConfig, FiddlerBatchPlanner, role="baseline", decision_key=decision_key)

@@ -300,4 +300,4 @@ class Gem(System):
         }
 
 
-ENTRY = SystemEntry(Gem, GemConfig)
+ENTRY = SystemEntry(Gem, GemConfig, figures=Gem.profiling_cost)

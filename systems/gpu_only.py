@@ -12,7 +12,7 @@ import torch
 
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
-from systems.entry import SystemEntry
+from systems.entry import SystemEntry, cost_free
 
 
 @dataclass
@@ -54,4 +54,5 @@ class GpuOnly(System):
         return {"fits_budget": getattr(self, "_fits", None), "model_gb": getattr(self, "_model_gb", None)}
 
 
-ENTRY = SystemEntry(GpuOnly, GpuOnlyConfig)
+# a bound, not a contender; it never asks the cost model (every routed expert on the GPU)
+ENTRY = SystemEntry(GpuOnly, GpuOnlyConfig, role="reference", decision_key=cost_free)

@@ -35,7 +35,7 @@ from numba import njit
 from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
-from systems.entry import SystemEntry
+from systems.entry import SystemEntry, cost_free
 
 
 @dataclass
@@ -184,6 +184,8 @@ def lru_layer(load: np.ndarray, held: np.ndarray, stamp: np.ndarray, clock: int,
 ENTRY = SystemEntry(
     MixtralOffload,
     MixtralOffloadConfig,
+    role="baseline",
+    decision_key=cost_free,  # LRU and its prefetch never ask the cost model
     invariant_options=({}, {"prefetch": True, "prefetch_k": 3}),
     golden_variants={"+prefetch": ("system.prefetch=true",)},
 )

@@ -1,10 +1,13 @@
 """Every system, one entry each (`REGISTRY`, built from each policy module's `ENTRY`): its
-policy class, config dataclass, batch planner and the option sets tests run it with;
-`make_system` builds a system from options. Adding a system is one line in `ENTRIES`."""
+policy class, config dataclass, batch planner, the option sets tests run it with and its
+facts (role, decision key, replay cost, figures: systems/entry.py); `make_system` builds a
+system from options. Adding a system is its module and one line in `ENTRIES`
+(docs/adding-a-system.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any
 
@@ -22,7 +25,7 @@ from systems import (
     tide,
     tide_adaptive,
 )
-from systems.entry import SystemEntry
+from systems.entry import ROLES, SystemEntry
 
 # One line per system, in the order reports list them (docs/adding-a-system.md).
 ENTRIES: tuple[SystemEntry, ...] = (
@@ -60,9 +63,38 @@ SYSTEM_CONFIGS: dict[str, type] = {name: entry.config for name, entry in REGISTR
 
 def entry_of(system: System) -> SystemEntry:
     """The registry entry of a system (by its name)."""
-    if system.name not in REGISTRY:
-        raise HarnessError(f"unknown system {system.name!r}; known: {', '.join(REGISTRY)}")
-    return REGISTRY[system.name]
+    return entry_named(system.name)
+
+
+def entry_named(name: str) -> SystemEntry:
+    """The registry entry of system `name`."""
+    if name not in REGISTRY:
+        raise HarnessError(f"unknown system {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def names_with_role(role: str) -> tuple[str, ...]:
+    """The systems whose entry has `role` (systems/entry.py ROLES), in the registry's order."""
+    if role not in ROLES:
+        raise ValueError(f"no role {role!r}; roles: {ROLES}")
+    return tuple(name for name, entry in REGISTRY.items() if entry.role == role)
+
+
+def costly_replays() -> tuple[str, ...]:
+    """The systems whose replays are costly (`replay_cost`), in the registry's order."""
+    return tuple(name for name, entry in REGISTRY.items() if entry.replay_cost == "costly")
+
+
+@contextmanager
+def registered(entry: SystemEntry) -> Iterator[SystemEntry]:
+    """`entry` registered (after every other) for the duration: a test's throwaway system."""
+    build_registry((*REGISTRY.values(), entry))  # the same checks as the listed entries get
+    REGISTRY[entry.name], SYSTEMS[entry.name], SYSTEM_CONFIGS[entry.name] = entry, entry.policy, entry.config
+    try:
+        yield entry
+    finally:
+        for views in (REGISTRY, SYSTEMS, SYSTEM_CONFIGS):
+            views.pop(entry.name, None)
 
 
 

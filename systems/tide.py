@@ -21,6 +21,7 @@ tau: random      a tau drawn uniformly from 1..T at the start of every block (se
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from harness.accounting.ledger import LayerOutcomes
 from harness.common.errors import HarnessError
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
-from harness.placement.system import PrepareContext, System
+from harness.placement.system import ExpertCosts, PrepareContext, System
 from systems.entry import SystemEntry
 from systems.tide_tau import TauSolution, solve_tau
 
@@ -191,6 +192,12 @@ class Tide(System):
             )
             self.tau = self.solution.tau_star
 
+    @property
+    def tau_star(self) -> int | None:
+        """The tau that `prepare` solved from the calibration trace and the cost model
+        (tau=auto); None for a fixed or random tau, which no cost model decides."""
+        return self.solution.tau_star if self.solution is not None else None
+
     def should_refresh(self, step: StepInfo) -> bool:
         if step.kind == "commit":
             return False
@@ -224,7 +231,7 @@ class Tide(System):
             "migration": self.migration,
             "refreshes": self.refreshes,
             "migrated_experts": self.migrated,
-            "tau_star": None,
+            "tau_star": self.tau_star,
         }
         if self.random_tau:
             out["tau_per_block"] = list(self.tau_per_block)
@@ -327,10 +334,18 @@ class TideBatchPlanner:
         return unpack(self.resident, self.n_experts)
 
 
+
+def decision_key(system: System, cost: ExpertCosts, top: int) -> Hashable:
+    """TIDE asks the cost model only through tau* (`Tide.tau_star`; fixed or random tau: never)."""
+    assert isinstance(system, Tide)
+    return system.tau_star
+
+
 ENTRY = SystemEntry(
     Tide,
     TideConfig,
     TideBatchPlanner,
+    decision_key=decision_key,
     invariant_options=({"tau": 2}, {"tau": 3, "migration": "async"}, {"tau": "auto"}),
     golden_variants={"+async": ("system.migration=async", "system.tau=2"), "+random": ("system.tau=random",)},
 )

@@ -1,5 +1,5 @@
-"""DALI's measures on a run (issue 27; docs/dali-and-gem.md): whether a run computes them,
-and their figures for result.json's metrics (and so MLflow and the report).
+"""DALI's measures on a run (docs/dali-and-gem.md): whether a run computes them, and their
+figures for result.json's metrics (and so MLflow and the report).
 
 Two sources: the ledger's per-phase accounts (busy shares and the run's own expert hit
 rate, harness/accounting/phases.py) and the routing trace the run decoded or replayed
@@ -10,8 +10,10 @@ harness/traces/dali_measures.py). A live run that records no trace keeps one in 
 transformers families: DALI's setting, prefill and token-by-token decode; harness/zoo), not
 for LLaDA2 runs, whose results (the golden grid) stay as they were; `measures=true`
 computes them for any offloading run, `measures=false` for none. Expert-parallel runs
-(topology=multi) have no DALI measures (nothing is offloaded); a gem run reports GEM's
-profiling cost instead.
+(topology=multi) have no DALI measures (nothing is offloaded). A run that computes the
+measures also reports the figures its system's entry adds (`SystemEntry.figures`: GEM's
+profiling cost), and the cache replay scores the workload with the decay its system's entry
+reads from its config (`SystemEntry.measure_decay`: DALI's), else the replay's default.
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ from __future__ import annotations
 from typing import Any
 
 from harness.job.config import HarnessConfig
+from harness.placement.system import System
 from harness.placement.trace import RoutingTrace
-from harness.traces.dali_measures import measures_of_trace
-from systems.dali import DaliConfig
-from systems.gem import Gem
+from harness.traces.dali_measures import DEFAULT_DECAY, measures_of_trace
+from systems.registry import entry_named, entry_of
 
 
 def wants_measures(cfg: HarnessConfig) -> bool:
     """Whether this run computes the papers' measures (module docstring): DALI's on one
-    GPU, GEM's profiling cost for gem."""
+    GPU, and the figures the system's entry adds."""
     return cfg.model.entry.capabilities.measures_by_default if cfg.measures is None else bool(cfg.measures)
 
 
@@ -35,16 +37,17 @@ def wants_dali_measures(cfg: HarnessConfig) -> bool:
     return wants_measures(cfg) and cfg.topology.name != "multi"
 
 
-def gem_figures(system: Any) -> dict[str, float]:
-    """GEM's profiling cost (systems/gem.py `profiling_cost`) for a gem run; none otherwise."""
-    return system.profiling_cost() if isinstance(system, Gem) else {}
+def system_figures(system: System) -> dict[str, float]:
+    """The figures the system's entry adds to a run's (GEM's profiling cost); none otherwise."""
+    figures = entry_of(system).figures
+    return figures(system) if figures is not None else {}
 
 
 def replacement_decay(system_config: Any) -> float:
-    """The decay of the workload score the cache replay uses: the run's own (dali), else
-    dali's default."""
-    decay = getattr(system_config, "decay", None)
-    return float(decay) if isinstance(decay, int | float) and not isinstance(decay, bool) else DaliConfig.decay
+    """The decay of the workload score the cache replay uses: the run's own where its
+    system's entry reads one from its config (dali), else the replay's default."""
+    decay = entry_named(system_config.name).measure_decay
+    return decay(system_config) if decay is not None else DEFAULT_DECAY
 
 
 def measure_figures(ledger_measures: dict[str, float], trace: RoutingTrace | None, capacity: int, top_k: int,

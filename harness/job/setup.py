@@ -24,7 +24,7 @@ from harness.common.machine import machine_environment
 from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import code_version
 from harness.job.config import HarnessConfig
-from harness.job.measures import gem_figures, measure_figures, replacement_decay, wants_dali_measures, wants_measures
+from harness.job.measures import measure_figures, replacement_decay, system_figures, wants_dali_measures, wants_measures
 from harness.placement.system import MoEGeometry, System
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
@@ -42,7 +42,7 @@ class RunSetup:
     cost: CostModel
     topology: Topology = SINGLE
     measures: bool = False  # DALI's measures: the ledger keeps per-phase accounts (harness/job/measures.py)
-    gem_measures: bool = False  # GEM's profiling cost, for a gem run
+    system_figures: bool = False  # the figures the system's entry adds (GEM's profiling cost)
 
     @property
     def needs_calibration(self) -> bool:
@@ -62,7 +62,7 @@ def setup_run(cfg: HarnessConfig, geometry: MoEGeometry) -> RunSetup:
     budget = resolve_budget(cfg.budget, geometry, cfg.model.entry.capabilities.paper_budgets)
     hardware = load_hardware(cfg.hardware, geometry)
     return RunSetup(system, geometry, budget, hardware, CostModel(geometry, hardware), build_topology(cfg.topology),
-                    measures=wants_dali_measures(cfg), gem_measures=wants_measures(cfg))
+                    measures=wants_dali_measures(cfg), system_figures=wants_measures(cfg))
 
 
 def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, counts: dict[str, Any],
@@ -83,8 +83,8 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
     if setup.measures:
         metrics.update(measure_figures(engine.ledger.measures(), trace, setup.budget.experts_per_layer,
                                        setup.geometry.num_experts_per_tok, replacement_decay(cfg.system)))
-    if setup.gem_measures:
-        metrics.update(gem_figures(setup.system))
+    if setup.system_figures:
+        metrics.update(system_figures(setup.system))
     for key, value in counts.items():
         if key in metrics:
             raise DuplicateMetricError(f"run count {key!r} is also an engine metric; rename one of them")

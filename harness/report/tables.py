@@ -13,8 +13,8 @@ figures of `harness.report.plots` (PNG, PDF and SVG each):
   columns  one group per system, labelled with the options that differ between its runs
            (`tide (tau=4)`; a system charged against its original's overlap is its own
            column: tide with system.overlap=false is tide_sequential): tokens/s, speedup
-           over the best baseline in the row (baselines: fiddler, mixtral_offload as charged
-           by the original; gpu_only and oracle are references), miss rate, host-to-GPU GB,
+           over the best baseline in the row (the systems whose entry's role is baseline, as
+           charged by their original: systems/entry.py), miss rate, host-to-GPU GB,
            tau* (systems that report one) and lossless
 
 Runs that agree on every setting are one measurement: the newer is used and a warning on
@@ -57,8 +57,8 @@ from harness.traces.routing_stats import STAT_KEYS
 from harness.tracking.mlflow_store import open_store
 from harness.tracking.run_files import RESULT_FILE, find_files
 from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
+from systems.registry import names_with_role
 
-BASELINES = ("fiddler", "mixtral_offload")
 TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "ttft_s", "tpot_s", "lossless"]
 # shown only for the systems (and runs) that report them: tau* (tide), and an autoregressive
 # run's time to first token and per output token (prefill and decode apart)
@@ -196,8 +196,9 @@ def sweep_table(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 def with_speedups(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """speedup = tokens/s over the best baseline of the same row (NaN where the row has none);
-    a baseline is fiddler or mixtral_offload charged as the original (its plain label)."""
-    baselines = df[df["system_label"].isin(BASELINES)]
+    a baseline is a system whose entry's role is baseline, charged as the original (its plain
+    label)."""
+    baselines = df[df["system_label"].isin(names_with_role("baseline"))]
     best = baselines.groupby(keys)["tokens_per_s"].max().rename("best_baseline")
     out = df.join(best, on=keys)
     return out.assign(speedup=out["tokens_per_s"] / out["best_baseline"]).drop(columns="best_baseline")

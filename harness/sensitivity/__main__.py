@@ -7,12 +7,12 @@ hardware constants it was charged with? (docs/sensitivity.md)
 
 Options (key=value): sweep (required), out (default <sweep>/sensitivity), scales
 (low,high,points; default 0.25,4,5: 0.25, 0.5, 1, 2, 4, log-spaced, 1 always included), constants (default: all
-that charge the sweep's profile), references (default gpu_only,oracle), baselines (default
-fiddler,mixtral_offload), margin_move (0.10), tolerance (0.05: bisection to 5%), tracking
-(true: log under the sweep's MLflow parent run), shortcut (true: re-charge recorded
-outcomes where a system's decisions cannot have changed; false: replay everything), skip
-(default oracle: systems not replayed, listed with their 1x figure; the oracle re-solves its
-placement in every replay, seconds each; skip= replays it too), jobs (0: one worker process per
+that charge the sweep's profile), references and baselines (default: the systems whose
+entry has that role, systems/entry.py), margin_move (0.10), tolerance (0.05: bisection to
+5%), tracking (true: log under the sweep's MLflow parent run), shortcut (true: re-charge
+recorded outcomes where a system's decisions cannot have changed; false: replay
+everything), skip (default: the systems whose replays are costly by their entry, listed
+with their 1x figure; skip= replays them too), jobs (0: one worker process per
 core, at most one per cell; 1: every cell in this process, the least memory).
 Replays only: nothing is decoded.
 """
@@ -33,27 +33,32 @@ from harness.sensitivity.output import write_outputs
 from harness.sensitivity.scaling import scale_grid
 from harness.sensitivity.sweep import load_sweep
 from harness.sensitivity.workers import CellSettings, analyse_cells
+from systems.registry import costly_replays, names_with_role
 
-COMMAND = KeyValueCommand("python -m harness.sensitivity", "replay a sweep with each hardware constant scaled: "
-                          "which one flips the ranking", [
-    Option("sweep", "the sweep dir (outputs/multirun/<time>); required", ""),
-    Option("out", "where the tables and plots go (empty: <sweep>/sensitivity)", ""),
-    Option("scales", "low,high,points, log-spaced, 1 always included", "0.25,4,5"),
-    Option("constants", "the constants to scale (empty: all that charge the sweep's profile)", ""),
-    Option("references", "systems shown but never the winner", "gpu_only,oracle"),
-    Option("baselines", "the winner's margin is over the best of these", "fiddler,mixtral_offload"),
-    Option("margin_move", "a margin change that counts as a flip", "0.10"),
-    Option("tolerance", "bisection tolerance on the flipping factor", "0.05"),
-    Option("tracking", "log under the sweep's MLflow parent run", "true"),
-    Option("shortcut", "re-charge recorded outcomes where decisions cannot have changed", "true"),
-    Option("skip", "systems not replayed (listed with their 1x figure)", "oracle"),
-    Option("jobs", "worker processes, whole cells each (0: one per core; 1: in this process, least memory)", "0"),
-], example="python -m harness.sensitivity sweep=outputs/multirun/<time>")
+
+def command() -> KeyValueCommand:
+    """The command's options, the role and skip defaults from the registered entries."""
+    return KeyValueCommand("python -m harness.sensitivity", "replay a sweep with each hardware constant scaled: "
+                           "which one flips the ranking", [
+        Option("sweep", "the sweep dir (outputs/multirun/<time>); required", ""),
+        Option("out", "where the tables and plots go (empty: <sweep>/sensitivity)", ""),
+        Option("scales", "low,high,points, log-spaced, 1 always included", "0.25,4,5"),
+        Option("constants", "the constants to scale (empty: all that charge the sweep's profile)", ""),
+        Option("references", "systems shown but never the winner", ",".join(names_with_role("reference"))),
+        Option("baselines", "the winner's margin is over the best of these", ",".join(names_with_role("baseline"))),
+        Option("margin_move", "a margin change that counts as a flip", "0.10"),
+        Option("tolerance", "bisection tolerance on the flipping factor", "0.05"),
+        Option("tracking", "log under the sweep's MLflow parent run", "true"),
+        Option("shortcut", "re-charge recorded outcomes where decisions cannot have changed", "true"),
+        Option("skip", "systems not replayed (listed with their 1x figure)", ",".join(costly_replays())),
+        Option("jobs", "worker processes, whole cells each (0: one per core; 1: in this process, least memory)", "0"),
+    ], example="python -m harness.sensitivity sweep=outputs/multirun/<time>")
 
 
 def parse(argv: list[str]) -> dict[str, str]:
-    COMMAND.prog = program_name(COMMAND.prog)
-    options = COMMAND.parse(argv)
+    parser = command()
+    parser.prog = program_name(parser.prog)
+    options = parser.parse(argv)
     if not options["sweep"]:
         raise HarnessError("python -m harness.sensitivity needs sweep=<sweep dir> (outputs/multirun/<time>)")
     return options

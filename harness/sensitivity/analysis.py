@@ -1,8 +1,9 @@
 """The decision rules of the sensitivity analysis, on plain numbers (no replays here).
 
-Per cell, the systems are split into references (gpu_only, the oracle: bounds, not
-contenders), baselines (fiddler, mixtral_offload: what the paper compares against) and
-the rest (tide and its variants). The winner is the fastest non-reference system; the
+Per cell, the systems are split into references (bounds, not contenders), baselines (what
+the paper compares against) and the rest, each by the role its entry states
+(systems/entry.py; the command's references= and baselines= override them). The winner
+is the fastest non-reference system; the
 margin is the fastest non-baseline contender's tokens/s over the best baseline's (the
 paper's speedup). For each constant, walking outward from 1x over the grid, the first
 factor where the winner changes (or where the margin has moved by more than `margin_move`
@@ -17,21 +18,22 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from systems.registry import names_with_role
+
 Speeds = dict[str, float]  # system label -> modeled tokens/s
 Condition = Callable[[Speeds], bool]
 
-REFERENCES = ("gpu_only", "oracle")
-BASELINES = ("fiddler", "mixtral_offload")
 MARGIN_MOVE = 0.10
 TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
 class Roles:
-    """Which systems contend and which are the baselines of the margin."""
+    """Which systems contend and which are the baselines of the margin (default: the
+    entries' roles)."""
 
-    references: tuple[str, ...] = REFERENCES
-    baselines: tuple[str, ...] = BASELINES
+    references: tuple[str, ...] = field(default_factory=lambda: names_with_role("reference"))
+    baselines: tuple[str, ...] = field(default_factory=lambda: names_with_role("baseline"))
 
     def contenders(self, speeds: Speeds) -> list[str]:
         return [s for s in speeds if s not in self.references]

@@ -3,19 +3,19 @@
 A replay is the job's own: the same system, budget, trace and calibration, charged by a
 cost model built from the given profile. Nothing is decoded.
 
-Shortcut: some systems decide the same way whatever the cost model, or decide by a few
-numbers it yields (a *decision key*): gpu_only and mixtral_offload never ask it; fiddler
-asks only whether each load is cheaper on the CPU than copied; tide (tau fixed or random)
-never asks, and with tau=auto only through tau*. When a replay's key equals one already
-replayed, the placement outcomes recorded then are charged again by the new cost model
-(harness/sensitivity/recharge.py), which gives the replay's result without planning
-anything; a test holds the two to the same bits. A new key after the job's own 1x replay is only
-planned (no ledger) and charged by the re-charge. Every other system is replayed in full each time.
+Shortcut: a system whose entry names a *decision key* (systems/entry.py: what of the cost
+model its decisions depend on, defined beside its own rule) decides alike under two cost
+models that give the same key. When a replay's key equals one already replayed, the
+placement outcomes the ledger recorded then are charged again by the new cost model
+(harness/sensitivity/recharge.py, the ledger's own charge rule), which gives the replay's
+result without planning anything; a test holds the two to the same bits. A new key after
+the job's own 1x replay is only planned (no ledger) and charged by the re-charge. A system
+without a key is replayed in full each time (docs/sensitivity.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,34 +25,13 @@ from harness.accounting.cost import CostModel, HardwareConfig
 from harness.accounting.ledger import Ledger
 from harness.accounting.outcomes import OutcomeRecorder
 from harness.engine.engine import OffloadEngine
-from harness.placement.system import MoEGeometry, System
+from harness.placement.system import MoEGeometry
 from harness.placement.trace import RoutingTrace
 from harness.sensitivity.recharge import RecordedOutcomes
 from harness.traces.batch_replay import batch_refusal, planned_chunks, replay_trace
-from systems.registry import system_from_config
+from systems.registry import entry_named, entry_of, system_from_config
 
-KeyFn = Callable[[System, CostModel, int], Hashable]
 KEPT_OUTCOMES = 2  # recorded outcomes a replayer keeps (by decision key; a gen-1024 replay's take ~0.3 GB)
-
-
-def _no_key(system: System, cost: CostModel, top: int) -> Hashable:
-    return ()
-
-
-def _fiddler_key(system: System, cost: CostModel, top: int) -> Hashable:
-    """Fiddler sends a miss with load n to the CPU iff cpu(n) <= copy + gpu(n)."""
-    n = top + 1
-    rule = cost.time_table("cpu", top)[:n] <= cost.copy_time(1) + cost.time_table("gpu", top)[:n]
-    return rule.tobytes()
-
-
-def _tide_key(system: System, cost: CostModel, top: int) -> Hashable:
-    return system.report().get("tau_star")  # None for a fixed or random tau: no cost involved
-
-
-DECISION_KEYS: dict[str, KeyFn] = {
-    "gpu_only": _no_key, "mixtral_offload": _no_key, "fiddler": _fiddler_key, "tide": _tide_key,
-}
 
 
 @dataclass
@@ -99,7 +78,7 @@ class JobReplayer:
         system = system_from_config(spec.system_config)
         engine = OffloadEngine(system, spec.geometry, spec.experts_per_layer, cost, budget_scope=spec.budget_scope)
         engine.prepare(spec.calibration if system.needs_calibration else None, spec.decode_steps)
-        key_fn = DECISION_KEYS.get(system.name) if self.shortcut and not engine.topology.multi else None
+        key_fn = entry_of(system).decision_key if self.shortcut and not engine.topology.multi else None
         key = key_fn(system, cost, self.top) if key_fn is not None else None
         if key_fn is not None and key in self._recorded:
             self.recharges += 1
@@ -137,8 +116,8 @@ class JobReplayer:
         if self._busy is None:
             self.modeled_seconds(self.spec.hardware)
         assert self._busy is not None
-        name = self.spec.system_config.name
-        return DECISION_KEYS.get(name) is _no_key and part in self._busy and self._busy[part] == 0.0
+        entry = entry_named(self.spec.system_config.name)
+        return entry.decides_without_cost and part in self._busy and self._busy[part] == 0.0
 
 
 def _planned(engine: OffloadEngine, trace: RoutingTrace, loads: np.ndarray) -> OutcomeRecorder:

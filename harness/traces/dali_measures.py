@@ -1,4 +1,4 @@
-"""DALI's own measures over a routing trace (issue 27; docs/dali-and-gem.md): how well the
+"""DALI's own measures over a routing trace (docs/dali-and-gem.md): how well the
 next layer's experts are predicted, and how often a per-layer expert cache of B experts
 hits under three replacement rules. They read only the trace (loads, hints, forward kinds),
 so every system replayed over one trace gets the same figures: they compare predictors and
@@ -42,9 +42,12 @@ from collections.abc import Iterable
 import numpy as np
 
 from harness.placement.trace import RoutingTrace
+from systems.dali import DaliConfig
 
 PREDICTORS = ("residual", "token_count")
 REPLACEMENTS = ("workload", "lru", "lfu")
+
+DEFAULT_DECAY = DaliConfig.decay  # the workload score's decay when a run's system has none: DALI's default
 
 
 def kinds_of(trace: RoutingTrace) -> np.ndarray:
@@ -91,7 +94,7 @@ def predictor_counts(loads: np.ndarray, hints: np.ndarray | None, k: int
 
 
 # ---- cache replays ---------------------------------------------------------------------
-def replay_cache(loads: np.ndarray, capacity: int, rule: str, decay: float = 0.5) -> np.ndarray:
+def replay_cache(loads: np.ndarray, capacity: int, rule: str, decay: float = DEFAULT_DECAY) -> np.ndarray:
     """Per forward [F]: demanded experts found in the cache, under replacement `rule`
     (lru | lfu | workload), every layer at once. loads int [F, L, E].
 
@@ -182,7 +185,8 @@ def prediction_measures(kinds: np.ndarray, loads: np.ndarray, hints: np.ndarray 
     return out
 
 
-def cache_measures(kinds: np.ndarray, loads: np.ndarray, capacity: int, decay: float = 0.5) -> dict[str, float]:
+def cache_measures(kinds: np.ndarray, loads: np.ndarray, capacity: int,
+                   decay: float = DEFAULT_DECAY) -> dict[str, float]:
     """cache_hit_rate_<rule>[_<phase>]; a phase that demanded nothing reports none."""
     out: dict[str, float] = {}
     demanded = (loads > 0).sum(axis=(1, 2))
@@ -194,7 +198,7 @@ def cache_measures(kinds: np.ndarray, loads: np.ndarray, capacity: int, decay: f
     return out
 
 
-def measures_of_trace(trace: RoutingTrace, capacity: int, top_k: int, decay: float = 0.5) -> dict[str, float]:
+def measures_of_trace(trace: RoutingTrace, capacity: int, top_k: int, decay: float = DEFAULT_DECAY) -> dict[str, float]:
     """Both kinds of measure over a RoutingTrace; the residual predictor over the forwards
     that recorded hints (a replayed trace may lack them), everything else over every forward."""
     loads = trace.loads.numpy()
