@@ -32,7 +32,7 @@ from harness.zoo.entry import nominal_geometry
 @dataclass
 class SweepJob:
     run_dir: Path
-    label: str  # the report's system name (tide-sequential for tide with overlap=false)
+    label: str  # the report's system name (records.py system_label: the entry's report labels, options)
     cell_overrides: tuple[str, ...]
     cfg: HarnessConfig
     result: RunResult
