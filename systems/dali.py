@@ -343,4 +343,6 @@ ENTRY = SystemEntry(
     invariant_options=({}, {"assign": False}, {"prefetch": False}, {"replacement": False},
                        {"prefetch_k": 2, "decay": 0.0}),
     measure_decay=workload_decay,
+    about="DALI-style workload-aware offloading: greedy GPU/CPU assignment, residual prefetch, workload-aware "
+          "replacement.",
 )

@@ -57,6 +57,8 @@ class SystemEntry:
         the sensitivity analysis leaves it out by default (`skip`).
     figures: figures a run of it adds to result.json when the run computes the papers'
         measures (GEM's profiling cost), from the prepared system.
+    about: what `python -m harness --help` says of `system=<name>` (default: the policy
+        class's docstring).
     measure_decay: the decay of the workload score that DALI's cache replay (a run's
         measures, harness/traces/dali_measures.py) uses in runs of this system, from its
         config; None: the replay's default."""
@@ -71,6 +73,7 @@ class SystemEntry:
     replay_cost: str = "cheap"
     figures: Callable[[Any], dict[str, float]] | None = None
     measure_decay: Callable[[Any], float] | None = None
+    about: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -81,6 +84,11 @@ class SystemEntry:
     @property
     def name(self) -> str:
         return self.policy.name
+
+    @property
+    def description(self) -> str:
+        """`about`, else the policy class's docstring (its first sentence is the help line)."""
+        return self.about or " ".join((self.policy.__doc__ or self.name).split())
 
     @property
     def decides_without_cost(self) -> bool:

@@ -65,4 +65,5 @@ class EpLinear(System):
         return {"gpu_speeds": list(speeds), "slowest_gpu_speed": min(speeds)}
 
 
-ENTRY = SystemEntry(EpLinear, EpLinearConfig)
+ENTRY = SystemEntry(EpLinear, EpLinearConfig,
+                    about="Expert parallelism with vLLM's default contiguous mapping; needs topology=multi.")

@@ -132,4 +132,5 @@ class FiddlerBatchPlanner:
         return self.resident
 
 
-ENTRY = SystemEntry(Fiddler, FiddlerConfig, FiddlerBatchPlanner, role="baseline", decision_key=decision_key)
+ENTRY = SystemEntry(Fiddler, FiddlerConfig, FiddlerBatchPlanner, role="baseline", decision_key=decision_key,
+                    about="Fiddler-style static placement, misses on the CPU or copied once.")

@@ -300,4 +300,5 @@ class Gem(System):
         }
 
 
-ENTRY = SystemEntry(Gem, GemConfig, figures=Gem.profiling_cost)
+ENTRY = SystemEntry(Gem, GemConfig, figures=Gem.profiling_cost,
+                    about="GEM-style GPU-variability-aware expert-to-GPU mapping; needs topology=multi.")

@@ -55,4 +55,5 @@ class GpuOnly(System):
 
 
 # a bound, not a contender; it never asks the cost model (every routed expert on the GPU)
-ENTRY = SystemEntry(GpuOnly, GpuOnlyConfig, role="reference", decision_key=cost_free)
+ENTRY = SystemEntry(GpuOnly, GpuOnlyConfig, role="reference", decision_key=cost_free,
+                    about="Every expert resident: the lossless reference and the ideal.")

@@ -188,4 +188,5 @@ ENTRY = SystemEntry(
     decision_key=cost_free,  # LRU and its prefetch never ask the cost model
     invariant_options=({}, {"prefetch": True, "prefetch_k": 3}),
     golden_variants={"+prefetch": ("system.prefetch=true",)},
+    about="Mixtral-Offload-style per-layer LRU cache.",
 )

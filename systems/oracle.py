@@ -342,4 +342,5 @@ def held_moves(loads: np.ndarray, gpu: np.ndarray, resident: np.ndarray, capacit
 
 
 # a lower bound, not a contender; each replay re-solves its placement (seconds)
-ENTRY = SystemEntry(Oracle, OracleConfig, role="reference", replay_cost="costly")
+ENTRY = SystemEntry(Oracle, OracleConfig, role="reference", replay_cost="costly",
+                    about="Hindsight lower bound: free moves of the top-B, the cheapest CPU/GPU split of the rest.")

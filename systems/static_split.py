@@ -82,4 +82,6 @@ class StaticSplitBatchPlanner:
 
 
 ENTRY = SystemEntry(StaticSplit, StaticSplitConfig, StaticSplitBatchPlanner,
-                    invariant_options=({}, {"overlap": False}))
+                    invariant_options=({}, {"overlap": False}),
+                    about="A static GPU/CPU split, DALI's baseline: each layer's calibration top-B on the GPU, "
+                          "the rest on the CPU.")

@@ -348,4 +348,5 @@ ENTRY = SystemEntry(
     decision_key=decision_key,
     invariant_options=({"tau": 2}, {"tau": 3, "migration": "async"}, {"tau": "auto"}),
     golden_variants={"+async": ("system.migration=async", "system.tau=2"), "+random": ("system.tau=random",)},
+    about="TIDE: top-B refresh every tau steps, misses on the CPU.",
 )

@@ -255,4 +255,5 @@ class TideAdaptive(System):
         }
 
 
-ENTRY = SystemEntry(TideAdaptive, TideAdaptiveConfig, invariant_options=({}, {"migration": "async"}))
+ENTRY = SystemEntry(TideAdaptive, TideAdaptiveConfig, invariant_options=({}, {"migration": "async"}),
+                    about="TIDE choosing tau per block online, without calibration.")

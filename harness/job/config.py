@@ -174,12 +174,20 @@ def _register_models(cs: ConfigStore) -> None:
 
 def stored_options() -> dict[str, dict[str, str]]:
     """The config groups whose options are nodes registered here rather than YAML files in
-    conf/, each option with its description: the models (harness/zoo)."""
-    return {"model": {node.name: node.about for entry in model_entries() for node in entry.models}}
+    conf/, each option with its description: the models (harness/zoo) and the systems
+    (systems/registry.py)."""
+    return {"model": {node.name: node.about for entry in model_entries() for node in entry.models},
+            "system": {name: entry.description for name, entry in REGISTRY.items()}}
 
 
 def _register_system_schemas(cs: ConfigStore) -> None:
-    """Each system's options are typed by its own dataclass: conf/system/<name>.yaml pulls
-    `<name>_schema` into its defaults."""
+    """The `system` group's options are the registered systems, each typed by its own
+    dataclass at its defaults (`system=<name>`), and `<name>_schema` for a variant's YAML
+    in conf/system (tide_sequential.yaml pulls `tide_schema` into its defaults); none is left
+    of an entry no longer registered (a test's throwaway system)."""
+    group = cs.repo.setdefault("system", {})
+    for stale in [key for key in group if key.removesuffix(".yaml").removesuffix("_schema") not in SYSTEM_CONFIGS]:
+        del group[stale]
     for name, node in SYSTEM_CONFIGS.items():
+        cs.store(group="system", name=name, node=node)
         cs.store(group="system", name=f"{name}_schema", node=node)
