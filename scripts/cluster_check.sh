@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cluster check of issue 16: sweeps through Hydra's submitit launcher into a shared
+# The cluster check of docs/clusters.md: sweeps through Hydra's submitit launcher into a shared
 # MLflow server on PostgreSQL, run for real on this one machine, only on 127.0.0.1.
 #
 #   bash scripts/cluster_check.sh                  # SLURM: hydra/launcher=slurm

@@ -1,5 +1,5 @@
 """Routing statistics of the family proxies against the LLaDA2 mini random proxy, on the
-same prompts (issue 26: a family proxy must route at least as evenly).
+same prompts (docs/adding-a-model-family.md: a family proxy must route at least as evenly).
 
     PYTHONPATH=. python scripts/family_routing_stats.py [--prompts 8] [--gen 32] [--cache outputs/cache] [--out FILE]
 

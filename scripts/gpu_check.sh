@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check of issue 7 (backend=cuda), sized to finish in about 8 minutes on
+# The prepared GPU check of docs/gpu.md (backend=cuda), sized to finish in about 8 minutes on
 # one GPU. Run it from anywhere on a machine with a CUDA build of torch:
 #
 #   OUT=/some/dir bash scripts/gpu_check.sh

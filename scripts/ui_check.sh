@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MLflow UI checked in a real browser (issue 15). Needs Chromium:
+# The MLflow UI checked in a real browser (docs/tracking.md). Needs Chromium:
 #
 #   apt-get update && apt-get install -y chromium      # Debian / Ubuntu
 #   bash scripts/ui_check.sh [SCREENSHOT_DIR]

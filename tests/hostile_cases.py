@@ -1,4 +1,4 @@
-"""Hostile inputs, round two (issue 30), for tests/unit/test_hostile_inputs.py: non-finite
+"""Hostile inputs, round two (docs/bad-input.md), for tests/unit/test_hostile_inputs.py: non-finite
 weights, files that load but are not what they claim, things that are not regular files,
 unwritable outputs. The first round's cases and helpers are in tests/bad_input_cases.py."""
 

@@ -1,6 +1,6 @@
 """The ledger's accounts per phase (the forwards' kinds: prefill, decode; denoise and commit
-for block diffusion), and the busy shares and hit rate DALI reports (issue 27;
-docs/dali-and-gem.md). Kept only when a run asks for DALI's measures
+for block diffusion), and the busy shares and hit rate DALI reports
+(docs/dali-and-gem.md). Kept only when a run asks for DALI's measures
 (`Ledger.track_phases`), so runs without them charge exactly as before.
 
 Per phase and for the whole run:

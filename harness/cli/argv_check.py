@@ -1,4 +1,4 @@
-"""The command line's shape, before any override is composed (issue 30).
+"""The command line's shape, before any override is composed (docs/bad-input.md).
 
 Hydra answers an unknown flag or a missing `--config-name` with its own usage text and exit
 code 1, cannot expand a `glob(...)` sweep without its config loader, and enumerates a

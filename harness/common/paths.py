@@ -1,4 +1,4 @@
-"""What the harness opens and where it writes (issue 30).
+"""What the harness opens and where it writes (docs/bad-input.md).
 
 Inputs: only regular files are opened. A FIFO blocks `open()` until a writer comes, a
 character device such as /dev/zero never ends, so anything that is not a regular file

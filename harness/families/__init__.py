@@ -1,4 +1,4 @@
-"""Transformers MoE families (issue 26): the bridge at transformers' experts interface
+"""Transformers MoE families (docs/model-families.md): the bridge at transformers' experts interface
 (bridge.py), one adapter per family (adapter.py, diffusiongemma.py, registry.py), their
 published geometry (geometry.py, configs/*.json), proxies (proxies.py) and checkpoint
 loading (loading.py).

@@ -1,5 +1,5 @@
 """Hybrid execution of one system's plans: resident experts on the device, missed experts
-on the CPU, weights moving on a copy stream (issue 7; docs/gpu.md, docs/cost-model.md).
+on the CPU, weights moving on a copy stream (docs/gpu.md, docs/cost-model.md).
 
 The executor implements the `ExpertEngine` protocol around an `OffloadEngine`: per MoE
 layer the engine decides (`decide`: the system's plan, validated, residency updated) and

@@ -77,7 +77,7 @@ def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
 
 def require_request_tokens(trace: RoutingTrace, path: Path) -> None:
     """Serving a block-diffusion trace needs each request's generated tokens (its time per
-    output token), which traces recorded before issue 27's serving rule do not hold."""
+    output token), which traces recorded before the serving rule of docs/dali-and-gem.md do not hold."""
     if lacks_request_tokens(trace):
         raise HarnessError(f"trace {path} records no per-request generated tokens (meta {PER_PROMPT_TOKENS}), "
                            "which workload.batch > 1 needs for a block-diffusion trace's time per output token: "

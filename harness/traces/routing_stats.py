@@ -1,4 +1,4 @@
-"""How realistic a routing trace is: the statistics issue 12 puts beside every result
+"""How realistic a routing trace is: the statistics put beside every result (docs/proxies.md)
 (result.json's `routing`, MLflow's routing_* metrics, the report, `harness.analyze
 format=json`), and a command that prints them for one trace at several B:
 

@@ -1,4 +1,4 @@
-"""Lock-step serving over a recorded trace (issue 27; docs/dali-and-gem.md): `workload.batch=N`
+"""Lock-step serving over a recorded trace (docs/dali-and-gem.md): `workload.batch=N`
 serves a workload's prompts N at a time, as an expert-parallel server decodes a batch with
 iteration-level batching: batch forward t carries the t-th forward of every member request
 that still has one, and every MoE layer sees the load summed over those members.

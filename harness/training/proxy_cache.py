@@ -42,7 +42,7 @@ from harness.training.objective import mask_last_block, sample_windows
 
 WEIGHT_KINDS = ("trained", "random")
 RESULT_WEIGHTS = {"trained": "trained-proxy", "random": "random-proxy"}  # result.json's `weights`
-# Sized for the budgets of issue 12 on a 2-core machine (tiny < 1 min, mini <= 10 min,
+# Sized for the training budgets of docs/proxies.md on a 2-core machine (tiny < 1 min, mini <= 10 min,
 # flash <= 15 min, training included) with a margin for a shared machine: few steps, so
 # the balancing step is larger than DeepSeek-V3's 1e-3 for the bias to settle in time.
 TRAIN_SETTINGS: dict[str, TrainSettings] = {

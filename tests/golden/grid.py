@@ -1,4 +1,4 @@
-"""The fixed grid of the golden-result check (issue 11): every result.json metric of
+"""The fixed grid of the golden-result check (docs/testing.md): every result.json metric of
 
 - tiny, live: every system (and its main variants) x 2 budgets x cache prefix/none;
 - mini proxy, replay of one gpu_only trace: every system x 2 budgets. The trace and its

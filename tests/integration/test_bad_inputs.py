@@ -1,4 +1,4 @@
-"""Catalogue of hostile inputs (issue 14): every one is a one-line HarnessError (exit 2 on the
+"""Catalogue of hostile inputs (docs/bad-input.md): every one is a one-line HarnessError (exit 2 on the
 command line), never a traceback or a silent accept, and nothing already written changes.
 
 Most cases call the validating entry point in-process (the command-line precheck, run_job,

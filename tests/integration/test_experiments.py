@@ -32,8 +32,9 @@ PAPER_DECODE = ("table1", "table1_greedy", "table1_flash", "tau_ablation")
 
 @pytest.mark.parametrize("name", PAPER_DECODE)
 def test_the_paper_experiments_decode_as_the_reference_evaluation(name):
-    """Issue 31 item 4(a): sampled at temperature 1 with eval_dinfer.py's seed, gen_length
-    trimmed to multiples of 32, bf16; table1_greedy is the same grid taken by argmax."""
+    """The paper's decode (docs/traces-and-experiments.md): sampled at temperature 1 with
+    eval_dinfer.py's seed, gen_length trimmed to multiples of 32, bf16; table1_greedy is the
+    same grid taken by argmax."""
     cfg = compose_checked([f"+experiment={name}"])
     assert cfg.decode.temperature == (0.0 if name.endswith("greedy") else 1.0)
     assert (cfg.decode.seed, cfg.decode.gen_length_bucket, cfg.model.dtype) == (1234, 32, "bfloat16")

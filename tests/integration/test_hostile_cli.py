@@ -1,4 +1,4 @@
-"""Hostile input round two (issue 30) through the real command line: Hydra's own usage
+"""Hostile input round two (docs/bad-input.md) through the real command line: Hydra's own usage
 errors as one line and exit 2, a glob sweep that runs, Ctrl-C in a sweep as one line and
 exit 130 with the parent run ended. Subprocesses: the slow tier."""
 

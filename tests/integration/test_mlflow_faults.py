@@ -1,4 +1,4 @@
-"""MLflow under faults (issue 14): nothing is lost between the run directory and the store.
+"""MLflow under faults (docs/tracking.md): nothing is lost between the run directory and the store.
 
 (a) a run dir's marker names the result.json it logged, so a changed result is logged again;
 (b) resume=true logs a reused result that never reached the store;

@@ -116,7 +116,7 @@ def test_resume_runs_only_the_missing_jobs(basic_sweep: dict, tmp_path: Path, pr
     assert sorted((r["status"], r["budget"]) for r in rows) == [
         ("ok", "30GB"), ("ok", "30GB"), ("skipped", "10GB"), ("skipped", "10GB")]
     # this store never saw the reused results (the basic sweep logged to its own store), so resume
-    # logs them once, as children of this sweep's parent, beside the jobs that ran (issue 14 (b))
+    # logs them once, as children of this sweep's parent, beside the jobs that ran (docs/tracking.md)
     parents, children = parent_and_children(store)
     assert len(parents) == 1 and len(children) == 4
     assert sorted(c.data.tags["budget"] for c in children) == ["10GB", "10GB", "30GB", "30GB"]

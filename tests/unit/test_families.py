@@ -1,4 +1,4 @@
-"""The transformers MoE families (issue 26, model layer): published geometry, the bridge at
+"""The transformers MoE families (docs/model-families.md, model layer): published geometry, the bridge at
 transformers' experts interface, checkpoint loading and its errors, proxies."""
 
 from __future__ import annotations

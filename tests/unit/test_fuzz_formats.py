@@ -1,4 +1,4 @@
-"""Fuzzing the two binary formats the harness reads (issue 14): safetensors shards and
+"""Fuzzing the two binary formats the harness reads (docs/bad-input.md): safetensors shards and
 routing-trace .npz files. Whatever the bytes, the only outcomes are a successful load or a
 HarnessError: never another exception, and never a pickle load."""
 

@@ -1,4 +1,4 @@
-"""Hostile inputs, round two (issue 30): the files the harness reads. Every case is a
+"""Hostile inputs, round two (docs/bad-input.md): the files the harness reads. Every case is a
 one-line HarnessError (exit 2 on the command line) that names the problem, in well under a
 second, never a hang, a traceback or a silent accept, and nothing already written changes.
 A damaged cached reference is the exception by design: it is recomputed, never compared.

@@ -1,4 +1,4 @@
-"""Hostile inputs, round two (issue 30): options, outputs, stores and interrupts. Each case
+"""Hostile inputs, round two (docs/bad-input.md): options, outputs, stores and interrupts. Each case
 is a one-line HarnessError or exit code 2 with one `error:` line, nothing written where it
 should not be; valid inputs that used to fail (glob sweeps, a huge range with
 sweep.max_jobs) are accepted. The files the harness reads are in tests/unit/test_hostile_inputs.py."""
