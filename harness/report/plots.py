@@ -16,6 +16,7 @@ throughput comes from the cost model.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import statistics
@@ -23,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.report.keys import key_label, keyed_runs
+from harness.report.keys import Keyed, as_keyed, key_label
 from harness.results.records import system_order
 
 Record = dict[str, Any]
@@ -40,7 +41,13 @@ def timing_note(records: list[Record]) -> str:
 
 
 def _slug(values: tuple[Any, ...]) -> str:
-    return re.sub(r"[^\w.-]+", "_", "_".join(str(v) for v in values)).strip("_")[:150]
+    """A file name part for a row key; rows whose texts differ only in what a file name cannot
+    hold (or beyond its first 100 characters) get a digest of the full key too."""
+    raw = "_".join(str(v) for v in values)
+    slug = re.sub(r"[^\w.-]+", "_", raw).strip("_")
+    if slug == raw and len(slug) <= 100:
+        return slug
+    return f"{slug[:100]}_{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
 
 
 def _budget_order(budget: Any) -> tuple[float, str]:
@@ -109,8 +116,9 @@ def _errors(values: list[float]) -> list[float] | None:
     return [0.0 if math.isnan(v) else v for v in values] if any(not math.isnan(v) for v in values) else None
 
 
-def throughput_by_budget(records: list[Record], path: Path) -> Path | None:
-    keyed = keyed_runs(records)
+def throughput_by_budget(runs: Keyed | list[Record], path: Path) -> Path | None:
+    keyed = as_keyed(runs)
+    records = keyed.frame.to_dict("records")
     df = keyed.frame
     if df.empty or df["tokens_per_s"].isna().all():
         return None
@@ -136,10 +144,10 @@ def throughput_by_budget(records: list[Record], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def tau_sweeps(records: list[Record], out: Path) -> list[Path]:
+def tau_sweeps(runs: Keyed | list[Record], out: Path) -> list[Path]:
     """One figure per group of tide runs (same row key, same tide options but tau) that tried
     at least two integer taus; tau* from the group's latest tau=auto run."""
-    keyed = keyed_runs(records)
+    keyed = as_keyed(runs)
     df = keyed.frame
     if df.empty:
         return []
@@ -194,9 +202,9 @@ def miss_by_step_in_block(series: list[dict[str, Any]]) -> dict[int, float]:
     return {step: sum(v) / len(v) for step, v in sorted(sums.items())}
 
 
-def miss_per_step(records: list[Record], out: Path) -> list[Path]:
+def miss_per_step(runs: Keyed | list[Record], out: Path) -> list[Path]:
     """One figure per row key: a line per system column that recorded a step series."""
-    keyed = keyed_runs(records)
+    keyed = as_keyed(runs)
     if keyed.frame.empty:
         return []
     written = []
@@ -221,8 +229,10 @@ def miss_per_step(records: list[Record], out: Path) -> list[Path]:
     return written
 
 
-def all_figures(records: list[Record], out: Path) -> list[Path]:
-    """Every figure the report draws for these runs (their PNGs; the PDF and SVG lie beside)."""
-    figures = [throughput_by_budget(records, out / "throughput.png"), *tau_sweeps(records, out),
-               *miss_per_step(records, out)]
+def all_figures(runs: Keyed | list[Record], out: Path) -> list[Path]:
+    """Every figure the report draws for these runs (their PNGs; the PDF and SVG lie beside),
+    each keyed as the report's table."""
+    keyed = as_keyed(runs)
+    figures = [throughput_by_budget(keyed, out / "throughput.png"), *tau_sweeps(keyed, out),
+               *miss_per_step(keyed, out)]
     return [f for f in figures if f is not None]

@@ -41,9 +41,15 @@ from harness.common.paths import file_kind, probe_output_dir
 from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report import plots
 from harness.report.breakdown import breakdown_by_window, breakdown_markdown
-from harness.report.keys import Keyed, keyed_runs
+from harness.report.keys import Keyed, experts_per_row, keyed_runs
+from harness.report.markdown import pipe_table
 from harness.report.measures import measures_markdown
-from harness.report.notes import early_stop_markdown, replay_routing_markdown, tau_flatness_markdown
+from harness.report.notes import (
+    early_stop_markdown,
+    replay_routing_markdown,
+    routing_markdown,
+    tau_flatness_markdown,
+)
 from harness.results.records import (
     RECORD_METRICS,
     _int,
@@ -53,7 +59,6 @@ from harness.results.records import (
     system_order,
 )
 from harness.results.run_result import RunIdentity, RunResult, Timing
-from harness.traces.routing_stats import STAT_KEYS
 from harness.tracking.mlflow_store import open_store
 from harness.tracking.run_files import RESULT_FILE, find_files
 from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
@@ -259,21 +264,6 @@ def _cell(metric: str, value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def markdown(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
-
-
-def experts_per_row(keyed: Keyed) -> dict[tuple[Any, ...], Any]:
-    """Row key -> B, the experts per layer its runs held (the largest, if they differ)."""
-    df = keyed.frame
-    if "experts" not in df:
-        return {}
-    held = pd.to_numeric(df["experts"], errors="coerce")
-    best = held.groupby([df[k] for k in keyed.keys]).max().dropna()
-    return {(k if isinstance(k, tuple) else (k,)): int(v) for k, v in best.items()}
-
-
 def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, ...], Any] | None = None) -> str:
     """The table; rows labelled gen_length-B-budget (the paper's cells) in a first column
     that replaces the gen and budget columns; every other row key is a column of its own."""
@@ -287,12 +277,12 @@ def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, ...], Any] | 
         b = (experts or {}).get(idx, "?")
         rows.append([f"{at['gen_length']}-{b}-{at['budget']}", *(str(at[k]) for k in rest)]
                     + [_cell(m, row[(s, m)]) for s, m in wide.columns])
-    return markdown(headers, rows)
+    return pipe_table(headers, rows)
 
 
 def sweep_markdown(table: pd.DataFrame) -> str:
     columns = [c for c in table.columns if table[c].notna().any()]
-    return markdown([LABELS.get(c, c) for c in columns],
+    return pipe_table([LABELS.get(c, c) for c in columns],
                     [[_cell(c, row[c]) for c in columns] for _, row in table.iterrows()])
 
 
@@ -308,49 +298,15 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
     for line in keyed.warnings:
         print(line, file=sys.stderr)
     wide = pivot(keyed)
-    text = (paper_markdown(wide, experts_per_row(keyed)) + measures_markdown(records) + early_stop_markdown(records)
-            + routing_markdown(records) + replay_routing_markdown(records, [LABELS.get(k, k) for k in ROUTING_KEYS])
-            + tau_flatness_markdown(records) + breakdown_markdown(records))
+    # every section and figure takes the table's own rows (keyed): one cell key for the report
+    text = (paper_markdown(wide, experts_per_row(keyed)) + measures_markdown(keyed) + early_stop_markdown(keyed)
+            + routing_markdown(keyed) + replay_routing_markdown(keyed) + tau_flatness_markdown(keyed)
+            + breakdown_markdown(keyed))
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
     long_frame(keyed).to_csv(out / "report_long.csv", index=False)
-    return text, [*plots.all_figures(records, out), *breakdown_by_window(records, out)]
-
-
-ROUTING_KEYS = ["model", "weights", "decode_cache", "gen_length", "block_length"]
-
-
-def routing_of(record: dict[str, Any]) -> str:
-    """Which routing a row's statistics describe: a live run's own recording, or the file an
-    imported trace came from (docs/real-routing.md)."""
-    source = record.get("routing_source")
-    return f"{source}: {Path(str(record.get('trace'))).name}" if source else "recorded"
-
-
-def routing_markdown(records: list[dict[str, Any]]) -> str:
-    """The routing statistics of the runs that recorded a trace, each beside its value under
-    uniform routing; one row per (model, weights, cache, gen, block, B, routing source): every system of a
-    live run routes exactly like gpu_only, so the latest run stands for the row."""
-    rows: dict[tuple, dict[str, Any]] = {}
-    for record in sorted((r for r in records if r.get("routing")), key=lambda r: r.get("order", 0)):
-        stats = record["routing"]
-        rows[(*(record.get(k) for k in ROUTING_KEYS), stats.get("B"), routing_of(record))] = record
-    if not rows:
-        return ""
-
-    def cell(value: Any, uniform: Any) -> str:
-        show = "n/a" if value is None else f"{value:.3g}"
-        return show if uniform is None else f"{show} ({uniform:.3g})"
-
-    headers = [LABELS.get(k, k) for k in ROUTING_KEYS] + ["B", *STAT_KEYS, "cosine k=1..3", "routing"]
-    lines = []
-    for key, record in rows.items():
-        stats, uniform = record["routing"], record["routing"].get("uniform") or {}
-        cos = ", ".join("n/a" if c is None else f"{c:.2f}" for c in (stats.get("cosine_by_k") or [])[:3])
-        lines.append([str(v) for v in key[:-1]] + [cell(stats.get(k), uniform.get(k)) for k in STAT_KEYS]
-                     + [cos, key[-1]])
-    return ("\n## Routing statistics (uniform routing in parentheses)\n\n" + markdown(headers, lines))
+    return text, [*plots.all_figures(keyed, out), *breakdown_by_window(keyed, out)]
 
 
 def main(argv: list[str] | None = None) -> int:
