@@ -92,7 +92,7 @@ def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
             result = RunResult.from_json(target)
         except (OSError, ValueError, TypeError, AttributeError, KeyError, HarnessError):
             continue  # a damaged file, or a JSON value that is not a result object, is not a run
-        seen[str(target.resolve())] = record_from_result(result, str(target), order=target.stat().st_mtime)
+        seen[str(target.resolve())] = record_from_result(result, str(target.resolve()), order=target.stat().st_mtime)
     return list(seen.values())
 
 

@@ -87,6 +87,8 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "per_prompt": per_prompt(result),
         "measures": {k: float(v) for k, v in metrics.items()
                      if k.startswith(MEASURE_PREFIXES) and isinstance(v, int | float) and not isinstance(v, bool)},
+        # every number of result.json's metrics, for the tidy frame (harness/report/frame.py)
+        "metrics": {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)},
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)

@@ -2,7 +2,7 @@
 the report keys its rows as the main table does, so two runs that differ in one setting
 stay two rows everywhere, and runs with the same settings are reported once, with one
 warning naming both. The runs are copies of a real result.json (a replay of the committed
-mini trace: tests/golden/mini/replay_result.json) changed one setting at a time."""
+mini trace: tests/golden/mini/replay/result.json) changed one setting at a time."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ SECTIONS = ("cell", "DALI's measures", "Over the routing trace", "Decodes that s
 def replay(system: str = "tide", tau: Any = "auto", tokens_per_s: float | None = None) -> dict[str, Any]:
     """The committed replay result, as system (tau for tide), with DALI's measures added and a
     decode short of its tokens (the early-stop section)."""
-    data = json.loads((GOLDEN / "replay_result.json").read_text())
+    data = json.loads((GOLDEN / "replay" / "result.json").read_text())
     data["trace"] = data["config"]["trace"]["path"] = str(GOLDEN / "trace.npz")
     data["system"] = system
     data["config"]["system"] = {"name": system, **({"tau": tau} if system == "tide" else {})}
