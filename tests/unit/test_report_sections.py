@@ -167,3 +167,12 @@ def test_a_budget_setting_its_name_decides_is_no_key_of_its_own(tmp_path: Path,
         run["config"]["budget"]["gpu_gb"] = 17.0  # two 18GB runs now differ in it: a key again
     records = report.records_from_dirs([write_runs(tmp_path / "b", [*cell_runs(at_18gb), *changed])])
     assert report.keyed_runs(records).settings == ["budget.gpu_gb"]
+
+
+def test_the_report_builds_no_pipe_table_by_hand() -> None:
+    """Every markdown table of the report is tabulate's (harness/report/markdown.py): no module
+    of the report joins cells with pipes or writes a --- separator row itself."""
+    for path in (REPO / "harness" / "report").glob("*.py"):
+        text = path.read_text()
+        for pattern in ('" | "', '"|---', "'|---", '"| "', "| {"):
+            assert pattern not in text, f"{path.name}: {pattern}"
