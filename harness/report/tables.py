@@ -50,6 +50,7 @@ from harness.report.notes import (
     routing_markdown,
     tau_flatness_markdown,
 )
+from harness.report.uncertainty import ERRORS, half_width
 from harness.results.records import (
     RECORD_METRICS,
     _int,
@@ -64,14 +65,16 @@ from harness.tracking.run_files import RESULT_FILE, find_files
 from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
 
 BASELINES = ("fiddler", "mixtral_offload")
-TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "ttft_s", "tpot_s", "lossless"]
+TABLE_METRICS = ["tokens_per_s", "tokens_per_s_ci", "speedup", "miss_rate", "io_gb", "tau_star", "ttft_s", "tpot_s",
+                 "lossless"]
 # shown only for the systems (and runs) that report them: tau* (tide), and an autoregressive
 # run's time to first token and per output token (prefill and decode apart)
-SOMETIMES = ("tau_star", "ttft_s", "tpot_s")
+SOMETIMES = ("tokens_per_s_ci", "tau_star", "ttft_s", "tpot_s")
 SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",
                  "decode_cache", "tau", "tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
                  "lossless", "token_match_rate", "wall_tokens_per_s", "timing"]
-LABELS = {"tokens_per_s": "tok/s", "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
+LABELS = {"tokens_per_s": "tok/s", "tokens_per_s_ci": "±95% CI (prompts)",
+          "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
           "lossless": "lossless", "wall_tokens_per_s": "wall tok/s", "io_gb": "io GB",
           "cpu_expert_tokens": "cpu tokens", "token_match_rate": "match", "gen_length": "gen",
           "block_length": "block", "decode_cache": "cache", "ttft_s": "ttft ms", "tpot_s": "tpot ms"}
@@ -220,9 +223,15 @@ def paper_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     return pivot(keyed_runs(records))
 
 
+def with_intervals(df: pd.DataFrame) -> pd.DataFrame:
+    """tokens_per_s_ci: the half width of the 95% confidence interval of each run's tokens/s,
+    over its prompts (harness/report/uncertainty.py; NaN under two prompts)."""
+    return df.assign(tokens_per_s_ci=[half_width(r, "tokens_per_s") for r in df.to_dict("records")])
+
+
 def pivot(keyed: Keyed) -> pd.DataFrame:
     keys = keyed.keys
-    df = with_speedups(keyed.frame, keys)
+    df = with_intervals(with_speedups(keyed.frame, keys))
     wide = df.pivot(index=keys, columns="system", values=TABLE_METRICS).swaplevel(axis=1)
     columns = [(s, m) for s in system_order(list(df["system"].unique())) for m in TABLE_METRICS
                if m not in SOMETIMES or wide[(s, m)].notna().any()]
@@ -233,7 +242,7 @@ def pivot(keyed: Keyed) -> pd.DataFrame:
 def long_frame(keyed: Keyed) -> pd.DataFrame:
     """The tidy table: one row per (row key, system, metric) with its value and the run it came
     from; metrics a run does not report are left out."""
-    df = with_speedups(keyed.frame, keyed.keys)
+    df = with_intervals(with_speedups(keyed.frame, keyed.keys))
     metrics = [m for m in [*TABLE_METRICS, *RECORD_METRICS] if m in df and m not in keyed.keys]
     metrics = list(dict.fromkeys(metrics))
     long = df.melt(id_vars=[*keyed.keys, "system", "system_name", "source"], value_vars=metrics,
@@ -249,7 +258,8 @@ def flat_csv_frame(wide: pd.DataFrame) -> pd.DataFrame:
 
 
 FORMATS: dict[str, Callable[[float], str]] = {
-    "tokens_per_s": lambda x: f"{x:.1f}", "wall_tokens_per_s": lambda x: f"{x:.1f}",
+    "tokens_per_s": lambda x: f"{x:.1f}", "tokens_per_s_ci": lambda x: f"±{x:.1f}",
+    "wall_tokens_per_s": lambda x: f"{x:.1f}",
     "speedup": lambda x: f"{x:.2f}x", "miss_rate": _pct, "token_match_rate": _pct, "tau_star": lambda x: f"{x:g}",
     "lossless": _yes_no, "io_gb": lambda x: f"{x:.3f}", "cpu_expert_tokens": lambda x: f"{x:g}",
     "ttft_s": lambda x: f"{1e3 * x:.1f}", "tpot_s": lambda x: f"{1e3 * x:.2f}",
@@ -289,7 +299,7 @@ def sweep_markdown(table: pd.DataFrame) -> str:
 # --------------------------------------------------------------------------- CLI
 
 
-def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
+def write_report(records: list[dict[str, Any]], out: Path, errors: str = "ci") -> tuple[str, list[Path]]:
     """report.md, report.csv (wide: a row per row key, `<system>.<metric>` columns),
     report_long.csv (tidy: a row per row key, system and metric) and the figures; the
     warnings about same-key runs are printed on stderr once."""
@@ -306,7 +316,7 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
     long_frame(keyed).to_csv(out / "report_long.csv", index=False)
-    return text, [*plots.all_figures(keyed, out), *breakdown_by_window(keyed, out)]
+    return text, [*plots.all_figures(keyed, out, errors), *breakdown_by_window(keyed, out)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,14 +328,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-REPORT_FLAGS = {"from_mlflow": "--from-mlflow", "experiment": "--experiment", "runs": "--runs", "out": "--out"}
+REPORT_FLAGS = {"from_mlflow": "--from-mlflow", "experiment": "--experiment", "runs": "--runs", "out": "--out",
+                "errors": "--errors"}
 
 
 def report_parser() -> OneLineParser:
     prog = program_name("python -m harness.report")
     parser = OneLineParser(
         prog=prog, description="paper-style table, tidy CSV and figures from finished runs",
-        usage=f"{prog} [runs=DIR ...] [from_mlflow=URI] [experiment=NAME ...] [out=DIR]",
+        usage=f"{prog} [runs=DIR ...] [from_mlflow=URI] [experiment=NAME ...] [out=DIR] [errors=ci|sd]",
         epilog="Arguments are key=value, as every harness command takes them (the --flags below are the same "
                "options; a bare directory is runs=). Example: harness-report runs=outputs/multirun out=outputs/report")
     parser.add_argument("--from-mlflow", metavar="URI", help="from_mlflow=URI: read the runs of this tracking store")
@@ -335,6 +346,9 @@ def report_parser() -> OneLineParser:
                         help="runs=DIR: run or sweep dirs (repeatable; default: outputs)")
     parser.add_argument("--out", type=Path, default=Path("outputs/report"), help="out=DIR: output dir "
                                                                                  "(default: %(default)s)")
+    parser.add_argument("--errors", choices=ERRORS, default="ci",
+                        help="errors=ci|sd: the figures' error bars, 95%% CI of the mean over prompts (default) or "
+                             "the prompts' spread (1 s.d.)")
     return parser
 
 
@@ -364,7 +378,7 @@ def run_report(argv: list[str]) -> int:
         raise HarnessError(f"cannot read runs from {where}: {' '.join(str(exc).split())[:300]}") from None
     if not records:
         raise HarnessError(f"no runs found in {where}")
-    text, figures = write_report(records, args.out)
+    text, figures = write_report(records, args.out, args.errors)
     print(text, end="")
     print(f"wrote {args.out}/report.md, report.csv, report_long.csv and {len(figures)} figure(s) "
           f"(PNG, PDF, SVG each) from {len(records)} runs")
