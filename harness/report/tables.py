@@ -357,7 +357,7 @@ def run_report(argv: list[str]) -> int:
     # a bare directory is what `python -m harness.report outputs/multirun/<time>` means: runs=
     argv = [f"runs={a}" if "=" not in a and not a.startswith("-") and Path(a).is_dir()
             and not (i and argv[i - 1].startswith("-")) else a for i, a in enumerate(argv)]  # not a flag's value
-    args = parser.parse_args(as_flags(argv, REPORT_FLAGS))
+    args = parser.parse_args(as_flags(argv, REPORT_FLAGS, parser.prog))
     if args.from_mlflow and args.runs:
         parser.error("use either --from-mlflow or --runs")
     check_output_dir(args.out, "--out")
