@@ -70,7 +70,7 @@ def run(overrides: Sequence[str] = (), run_dir: str | Path | None = None, quiet:
     run_id = record_finished_run(result, where, cfg)  # resume index + MLflow; never raises
     result.run_dir = where
     if not quiet:
-        for line in [*result.summary_lines(cfg.show_text), *where_lines(where, cfg, run_id)]:
+        for line in [*result.summary_lines(cfg.show_text, cfg.show_wall), *where_lines(where, cfg, run_id)]:
             print(line)
     return result
 

@@ -1,4 +1,4 @@
-"""Tables from finished runs: a sweep's summary and the paper-style comparison.
+"""Tables from finished runs: the paper-style comparison (a sweep's summary: sweep.py).
 
 `python -m harness.report [--from-mlflow URI | --runs DIR ...] [--out DIR]` collects
 results (result.json files under run or sweep directories, or the runs of an MLflow
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from harness.common.errors import HarnessError, OneLineParser, check_output_dir
 from harness.common.keyvalue import as_flags, program_name
@@ -70,9 +69,6 @@ TABLE_METRICS = ["tokens_per_s", "tokens_per_s_ci", "speedup", "miss_rate", "io_
 # shown only for the systems (and runs) that report them: tau* (tide), and an autoregressive
 # run's time to first token and per output token (prefill and decode apart)
 SOMETIMES = ("tokens_per_s_ci", "tau_star", "ttft_s", "tpot_s")
-SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",
-                 "decode_cache", "tau", "tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
-                 "lossless", "token_match_rate", "wall_tokens_per_s", "timing"]
 LABELS = {"tokens_per_s": "tok/s", "tokens_per_s_ci": "±95% CI (prompts)",
           "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
           "lossless": "lossless", "wall_tokens_per_s": "wall tok/s", "io_gb": "io GB",
@@ -153,52 +149,6 @@ def config_from_params(params: Mapping[str, str]) -> dict[str, Any]:
     return config
 
 
-# --------------------------------------------------------------------------- sweep summary
-
-
-def _job_number(name: str) -> tuple[int, str]:
-    found = re.match(r"(\d+)", name)
-    return (int(found.group(1)) if found else 1 << 30, name)
-
-
-def _job_overrides(job_dir: Path) -> dict[str, str]:
-    try:
-        items = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
-    except (OSError, yaml.YAMLError):
-        return {}
-    return dict(str(o).split("=", 1) for o in items if "=" in str(o))
-
-
-def varying_overrides(overrides: list[dict[str, str]]) -> list[str]:
-    """'key=value' per job for the keys whose value differs between the jobs of a sweep."""
-    keys = sorted({k for o in overrides for k in o})
-    varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1]
-    return [" ".join(f"{k}={o[k]}" for k in varying if k in o) for o in overrides]
-
-
-def sweep_records(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One record per job directory of a sweep: ok, skipped (resume) or failed."""
-
-    records = []
-    job_dirs = sorted({p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")},
-                      key=lambda d: _job_number(str(d.relative_to(sweep_dir))))
-    labels = varying_overrides([_job_overrides(d) for d in job_dirs])
-    for job, varies in zip(job_dirs, labels, strict=True):
-        prior = resumed_result_path(job)
-        path, status = (job / "result.json", "ok") if (job / "result.json").is_file() else (prior, "skipped")
-        try:
-            record = record_from_result(RunResult.from_json(path), str(path), status=status)
-        except (OSError, ValueError, TypeError, AttributeError):
-            record = record_from_result(RunResult(RunIdentity()), str(job), status="failed")
-        records.append({**record, "job": _job_number(job.name)[0], "overrides": varies})
-    return records
-
-
-def sweep_table(records: list[dict[str, Any]]) -> pd.DataFrame:
-    df = pd.DataFrame(records)
-    return df.reindex(columns=SWEEP_COLUMNS)
-
-
 # --------------------------------------------------------------------------- paper table
 
 
@@ -266,7 +216,8 @@ FORMATS: dict[str, Callable[[float], str]] = {
 }
 
 
-def _cell(metric: str, value: Any) -> str:
+def cell_text(metric: str, value: Any) -> str:
+    value = value.item() if hasattr(value, "item") else value  # a numpy number as Python's
     if isinstance(value, float) and math.isnan(value):
         return "-"
     if metric in FORMATS and isinstance(value, int | float):
@@ -286,14 +237,8 @@ def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, ...], Any] | 
         at = dict(zip(keys, idx, strict=True))
         b = (experts or {}).get(idx, "?")
         rows.append([f"{at['gen_length']}-{b}-{at['budget']}", *(str(at[k]) for k in rest)]
-                    + [_cell(m, row[(s, m)]) for s, m in wide.columns])
+                    + [cell_text(m, row[(s, m)]) for s, m in wide.columns])
     return pipe_table(headers, rows)
-
-
-def sweep_markdown(table: pd.DataFrame) -> str:
-    columns = [c for c in table.columns if table[c].notna().any()]
-    return pipe_table([LABELS.get(c, c) for c in columns],
-                    [[_cell(c, row[c]) for c in columns] for _, row in table.iterrows()])
 
 
 # --------------------------------------------------------------------------- CLI

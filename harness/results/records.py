@@ -22,8 +22,8 @@ ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 # row keys above (model.name, ...) and the resolved identity fields that replace a config key
 # (weights for model.weights, backend for the configured one) are left out too
 NOT_SETTINGS = ("tracking.", "hydra.", "system.", "workload.", "calibration.")
-NOT_SETTING_KEYS = {"cache_dir", "show_text", "resume", "block", "backend", "trace.record", "model.weights",
-                    "model.name", "decode.gen_length", "decode.block_length", "budget.name"}
+NOT_SETTING_KEYS = {"cache_dir", "show_text", "show_wall", "resume", "block", "backend", "trace.record",
+                    "model.weights", "model.name", "decode.gen_length", "decode.block_length", "budget.name"}
 
 # the registry's order, each system followed by its name when charged against its default overlap
 SYSTEM_ORDER = [label for entry in REGISTRY.values() for label in entry.report_labels]

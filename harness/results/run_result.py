@@ -215,9 +215,13 @@ class RunResult:
     def text(self) -> str | None:
         return self.decoded.first_text if self.decoded is not None else None
 
-    def summary_lines(self, show_text: bool = True) -> list[str]:
-        """The lines a finished run prints."""
+    def summary_lines(self, show_text: bool | None = None, show_wall: bool | None = None) -> list[str]:
+        """The lines a finished run prints; the first prompt's text and the wall tokens/s beside
+        a modeled figure only for real weights unless asked (None: by the weights)."""
         m, b, ident = self.flat_metrics(), self.budget, self.identity
+        real = ident.weights == "real"
+        show_text = real if show_text is None else show_text
+        show_wall = (real or self.timing.kind != "modeled") if show_wall is None else show_wall
         tau = f" tau*={m['tau_star']:g}" if "tau_star" in m else ""
         lossless = (f"lossless={m['lossless']} (match {100 * m['token_match_rate']:.1f}%)" if "lossless" in m
                     else "lossless=n/a (replay: no numerics)")
@@ -227,7 +231,8 @@ class RunResult:
             speed += f" ({100 * share:.0f}% host planning)"
         if "modeled_tokens_per_s" in m:  # a measured run also reports the model's prediction
             speed += f", modeled {m['modeled_tokens_per_s']:.1f}"
-        speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({ident.source})"
+        wall = show_wall and "wall_tokens_per_s" in m
+        speed += f", wall {m['wall_tokens_per_s']:.1f}" if wall else f" ({ident.source})"
         overlap = (self.config.get("system") or {}).get("overlap")
         charging = "" if overlap is None else f" overlap={str(bool(overlap)).lower()}"
         charged = "; charged as itself, a smoke-test model: copies cost ~nothing, tokens/s does not rank systems" \
