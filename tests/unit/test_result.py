@@ -131,6 +131,15 @@ def test_to_mlflow_gives_params_metrics_series_and_tags(tmp_path: Path) -> None:
     assert record.tags["mlflow.runName"] == "tide-10GB-tiny" and record.tags["config_hash"] == "hash1"
     assert record.tags["git_commit"] == "commit1" and record.tags["machine"] == "box"
     assert record.tags["timing"] == "modeled" and record.tags["run_dir"] == str(tmp_path.resolve())
+    # parallel coordinates need a number per system; the chart view a colour per system
+    assert record.params["system_id"] == "5" and record.tags["mlflow.runColor"] == "#8c564b"  # tide
+
+
+def test_mlflow_gets_tokens_per_s_to_one_decimal_and_result_json_every_digit(tmp_path: Path) -> None:
+    result = live_result()
+    result.metrics["tokens_per_s"] = 80.04999
+    assert result.to_mlflow(tmp_path, None, "c").metrics["tokens_per_s"] == 80.0
+    assert result.flat_metrics()["tokens_per_s"] == 80.04999
 
 
 def test_the_summary_line_names_the_charging() -> None:
