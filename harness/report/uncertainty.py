@@ -2,9 +2,11 @@
 (Student t), or the prompts' spread (one standard deviation), from the per-prompt figures
 of harness/results/records.py `per_prompt` (each prompt's modeled tokens/s and miss rate).
 
-The interval is over prompts, not over repeated runs: a modeled figure comes from a
-deterministic trace and cost model, so a rerun gives the same number; what varies is the
-prompt. A run with fewer than two prompts (or no per-prompt series, as a measured one) has
+The half width is that of the mean of the per-prompt figures; it is drawn around the run's
+own figure (its tokens over its total time, a ratio of sums, which weights long prompts
+more), not around that mean. The interval is over prompts, not over repeated runs: a
+modeled figure comes from a deterministic trace and cost model, so a rerun gives the same
+number; what varies is the prompt. A run with fewer than two prompts (or no per-prompt series, as a measured one) has
 no interval (NaN).
 """
 
@@ -57,9 +59,10 @@ def caption(errors: str, records: list[dict[str, Any]]) -> str:
     counts = sorted({len(prompt_values(r, "tokens_per_s")) for r in records} - {0, 1})
     n = f"n = {', '.join(map(str, counts))} prompts" if counts else "no run has two prompts: no bars"
     if errors == "sd":
-        what = f"error bars: ±1 s.d. across prompts ({n}), the prompts' spread, not an uncertainty of the mean"
-    else:
-        what = f"error bars: 95% CI of the mean over prompts (Student t, {n})"
+        what = f"Error bars: ±1 s.d. across prompts ({n}), the prompts' spread, not an uncertainty of the mean"
+    else:  # the half width is the per-prompt mean's; the bar is the run's tokens over its total time
+        what = (f"Error bars: half width of the 95% CI of the mean over prompts (Student t, {n}), "
+                "around the run's figure")
     if any(str(r.get("timing")) == "modeled" for r in records):
         what += "; over prompts, not repeated runs (a modeled figure is deterministic)"
     return what
