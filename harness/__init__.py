@@ -1,7 +1,8 @@
 """Benchmarking harness for expert offloading in MoE diffusion language models.
 
 The Python API (docs/python-api.md): `harness.run([...])`, `harness.sweep([...])`,
-`harness.report(...)`. They are loaded on first use (PEP 562 module __getattr__) so that
+`harness.report(...)`, `harness.results(...)` (the tidy frame; the package harness/results is
+callable). They are loaded on first use (PEP 562 module __getattr__) so that
 `import harness`, which every command and worker process does, stays cheap.
 """
 
@@ -16,6 +17,6 @@ _API = {"run": "harness.api", "sweep": "harness.api"}
 def __getattr__(name: str) -> Any:
     if name in _API:
         return getattr(importlib.import_module(_API[name]), name)
-    if name == "report":  # the callable package harness/report
-        return importlib.import_module("harness.report")
+    if name in ("report", "results"):  # the callable packages harness/report, harness/results
+        return importlib.import_module(f"harness.{name}")
     raise AttributeError(f"module 'harness' has no attribute {name!r}")

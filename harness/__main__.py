@@ -66,7 +66,7 @@ def main(cfg: DictConfig) -> None:
                 write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": message})
             return
         sys.exit(2)
-    for line in result.summary_lines(config.show_text):
+    for line in result.summary_lines(config.show_text, config.show_wall):
         print(line)
     run_id = record_finished_run(result, run_dir, config)  # resume index + MLflow, after result.json; never raises
     raise_if_interrupted()

@@ -5,6 +5,7 @@
     result.flat_metrics()["tokens_per_s"], result.run_dir
     results = harness.sweep(["system=tide,fiddler", "budget=10GB,18GB"]) # -> list[RunResult]
     table = harness.report(runs=["outputs/multirun"])                     # -> the wide table
+    frame = harness.results(runs=["outputs/multirun"])                    # -> one row per run
 
 The overrides are the command line's (docs/python-api.md). A run composes and checks them
 as the command line does (bad input raises HarnessError with the same one-line message),
@@ -56,7 +57,7 @@ def run(overrides: Sequence[str] = (), run_dir: str | Path | None = None, quiet:
     `run_dir` says where result.json went. Raises HarnessError on bad input (one line)."""
     register_configs()
     cfg = compose_with_hints(_checked(overrides, multirun=False))
-    where = Path(run_dir) if run_dir is not None else default_run_dir()
+    where = (Path(run_dir) if run_dir is not None else default_run_dir()).resolve()  # printed absolute too
     if skip_if_done(cfg, where):  # resume=true and this config already has a result: that one
         prior = resumed_result_path(where)
         if prior is None:
@@ -69,7 +70,7 @@ def run(overrides: Sequence[str] = (), run_dir: str | Path | None = None, quiet:
     run_id = record_finished_run(result, where, cfg)  # resume index + MLflow; never raises
     result.run_dir = where
     if not quiet:
-        for line in [*result.summary_lines(cfg.show_text), *where_lines(where, cfg, run_id)]:
+        for line in [*result.summary_lines(cfg.show_text, cfg.show_wall), *where_lines(where, cfg, run_id)]:
             print(line)
     return result
 
@@ -82,8 +83,8 @@ def sweep(overrides: Sequence[str], sweep_dir: str | Path | None = None, quiet: 
     given = _checked(overrides, multirun=True)
     for variant in override_variants(user_overrides(given) or []):
         compose_with_hints(variant)  # a typo fails here, before anything starts
-    where = Path(sweep_dir) if sweep_dir is not None else \
-        Path("outputs/multirun") / f"{datetime.now():%Y-%m-%d_%H-%M-%S-%f}_api"
+    where = (Path(sweep_dir) if sweep_dir is not None else
+             Path("outputs/multirun") / f"{datetime.now():%Y-%m-%d_%H-%M-%S-%f}_api").resolve()
     command = [sys.executable, "-m", "harness", "-m", *given, f"hydra.sweep.dir={where.resolve()}"]
     proc = subprocess.run(command, capture_output=quiet, text=True, check=False)
     if proc.returncode != 0:

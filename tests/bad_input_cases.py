@@ -318,6 +318,10 @@ TOOLS: dict[str, tuple[Callable[[Path], tuple[Callable, list[str]]], str]] = {
     "report unknown flag": (_report("--colour"), "unrecognized"),
     "push --uri garbage": (_push("{tmp}", "--uri", "foo://x"), "--uri"),
     "push missing dir": (_push("{tmp}/none"), "no such directory"),
+    "report mistyped key": (_report("ruun={tmp}"), "did you mean runs?"),
+    "report mistyped value": (_report("errors=cl"), "did you mean ci?"),
+    "push mistyped key": (_push("uir=sqlite:///{tmp}/x.db"), "did you mean uri?"),
+    "push unknown flag": (_push("--colour"), "unrecognized"),
 }
 
 

@@ -37,7 +37,7 @@ from harness.common.files import read_json
 from harness.job import mlflow_log as tracking
 from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report.plots import all_figures, figure_files
-from harness.report.tables import sweep_markdown, sweep_records, sweep_table
+from harness.report.sweep import sweep_markdown, sweep_records, sweep_table
 from harness.results.records import SWEEP_FILES, compact_line, record_from_result
 from harness.results.run_result import RunResult
 from harness.tracking import cluster, mlflow_ui, sweep_run

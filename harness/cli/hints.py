@@ -79,6 +79,9 @@ def with_hint(message: str, overrides: Sequence[str], keys_under: Callable[[str]
     found = re.match(r"(\S+?)=(\S+) is not an option of group '([^']+)'", message)
     if found:
         option, group = found.group(2), found.group(3)
+        same = [o for o in group_options(group) if o.lower() == option.lower()]
+        if same:  # budget=10gb: the option written in other letters
+            return f"{message}; did you mean {same[0]}? (options are case-sensitive)"
         size = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(?:GB|G|gb|g)?", option)
         if group == "budget" and size:
             return f"{message}; for {size.group(1)} GB use budget=custom budget.gpu_gb={size.group(1)}"

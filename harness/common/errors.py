@@ -7,7 +7,9 @@ so every message must name the problem and the fix on its own.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +56,12 @@ class OneLineParser(argparse.ArgumentParser):
     `exit_with`) instead of a usage block."""
 
     def error(self, message: str) -> NoReturn:
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:  # a value off the list: the closest one, as for a key
+            choices = re.findall(r"'([^']*)'", found.group(2)) or found.group(2).split(", ")
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.5) or \
+                [c for c in choices if c.lower() == found.group(1).lower()]
+            message += f"; did you mean {close[0]}?" if close else ""
         raise HarnessError(f"{self.prog}: {message}; see {self.prog} --help")
 
 

@@ -10,6 +10,8 @@ the fix (a close option name as "did you mean"). Commands that grew up with argp
 from __future__ import annotations
 
 import difflib
+import os
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -77,14 +79,20 @@ class KeyValueCommand:
         return args
 
 
-def as_flags(argv: Sequence[str], flags: dict[str, str]) -> list[str]:
+def as_flags(argv: Sequence[str], flags: dict[str, str], prog: str | None = None) -> list[str]:
     """`key=value` arguments as the argparse flags they stand for (`out=DIR` -> `--out DIR`);
-    flags and positional arguments pass unchanged."""
+    flags and positional arguments pass unchanged. With `prog`, a `key=value` whose key is
+    no option (and that names no existing path) is one HarnessError line with "did you mean",
+    instead of a positional argument argparse would take for a directory."""
     out: list[str] = []
     for arg in argv:
         key, sep, value = arg.partition("=")
         if sep and not arg.startswith("-") and key in flags:
             out += [flags[key], value]
+        elif (prog and sep and not arg.startswith("-") and re.fullmatch(r"[A-Za-z_][\w.-]*", key)
+              and not os.path.lexists(arg)):
+            raise HarnessError(f"{prog}: unknown argument {arg!r}{did_you_mean(key, flags)}; options: "
+                               f"{', '.join(flags)} (see {prog} --help)")
         else:
             out.append(arg)
     return out

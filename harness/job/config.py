@@ -75,7 +75,12 @@ class HarnessConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     cache_dir: str = "outputs/cache"
     limit_prompts: int | None = None
-    show_text: bool = True
+    # the first prompt's decoded text after the summary line; null: only for real weights (a proxy's
+    # random weights decode noise)
+    show_text: bool | None = None
+    # this machine's wall tokens/s beside a modeled figure; null: not for proxies (it ranks this
+    # CPU, not the modeled hardware; result.json and MLflow keep it either way)
+    show_wall: bool | None = None
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     source: str = "live"  # live: decode with the model | trace: replay a routing trace (harness/job/replay.py)
     trace: TraceConfig = field(default_factory=TraceConfig)

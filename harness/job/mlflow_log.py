@@ -16,7 +16,6 @@ MLflow is imported lazily: a run with `tracking.enabled=false` never pays for it
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from harness.common.errors import HarnessError
+from harness.common.errors import HarnessError, OneLineParser
 from harness.common.interrupts import raise_if_interrupted
 from harness.common.keyvalue import as_flags, program_name
 from harness.common.paths import require_regular_file
@@ -285,18 +284,17 @@ def check_results_readable(roots: list[Path]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     prog = program_name("python -m harness.tracking")
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     epilog="Arguments are key=value (uri=..., experiment=...), as every harness "
-                                            "command takes them; the --flags are the same options.")
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0],
+                           epilog="Arguments are key=value (uri=..., experiment=...), as every harness command takes "
+                                  "them; the --flags are the same options.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("push", help="log results that never reached MLflow",
                        usage=f"{prog} push [DIR ...] [uri=URI] [experiment=NAME]")
     p.add_argument("dirs", nargs="*", type=Path, default=[Path("outputs")], help="run or sweep dirs (default: outputs)")
     p.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI), help="uri=URI: tracking URI")
     p.add_argument("--experiment", default=None, help="experiment=NAME: experiment name (default: llada2-<model>)")
-    args = parser.parse_args(as_flags(sys.argv[1:] if argv is None else argv, PUSH_FLAGS))
-
-    try:
+    try:  # a mistyped key or value: one line with the closest option
+        args = parser.parse_args(as_flags(sys.argv[1:] if argv is None else argv, PUSH_FLAGS, f"{prog} push"))
         check_tracking_uri(args.uri, "--uri")
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)

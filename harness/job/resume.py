@@ -34,7 +34,7 @@ from harness.results.run_result import RunResult
 if TYPE_CHECKING:
     from harness.job.config import HarnessConfig
 
-HASH_EXCLUDED_KEYS = ("hydra", "tracking", "resume", "cache_dir", "show_text")
+HASH_EXCLUDED_KEYS = ("hydra", "tracking", "resume", "cache_dir", "show_text", "show_wall")
 RESUMED_FILE = "resumed.json"
 
 

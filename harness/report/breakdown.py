@@ -1,8 +1,8 @@
 """The report's cost breakdown: where each run's modeled time goes (harness/accounting/breakdown.py),
-as a table of shares per (cell, system) and, per budget, a figure with one row per system
-and one column per generation length (gen 256 beside gen 1024 in the paper's grid): the
-mean modeled seconds per denoising forward by window length (prompt + generated so far),
-stacked by component."""
+as a table of shares per (row of the report's table, system) and, per row but its generation
+length, a figure with one row per system and one column per generation length (gen 256
+beside gen 1024 in the paper's grid): the mean modeled seconds per denoising forward by
+window length (prompt + generated so far), stacked by component."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.accounting.breakdown import COMPONENTS, by_window, shares
-from harness.report.plots import _budget_order, _save, _slug, pyplot
+from harness.report.keys import Keyed, as_keyed, cell_headers, cell_values, experts_per_row, key_label, rows_of
+from harness.report.markdown import pipe_table
+from harness.report.plots import _save, _slug, pyplot
 from harness.results.records import system_order
 
 Record = dict[str, Any]
@@ -21,48 +23,49 @@ COLORS = {"attention_s": "tab:blue", "non_expert_other_s": "tab:cyan", "gpu_expe
           "copies_exposed_s": "tab:red", "cpu_exposed_s": "tab:orange"}
 
 
-def _latest(records: list[Record]) -> dict[tuple[Any, ...], Record]:
-    """The latest run with a breakdown per (model, cache, budget, gen, block, system)."""
-    out: dict[tuple[Any, ...], Record] = {}
-    for r in sorted((r for r in records if r.get("cost_breakdown")), key=lambda r: r.get("order", 0)):
-        out[(r.get("model"), r.get("decode_cache"), r.get("budget"), r.get("gen_length"), r.get("block_length"),
-             r.get("system"))] = r
+def _with_breakdown(keyed: Keyed) -> list[Record]:
+    """The kept runs (one per row and system column) that report a breakdown, in table order."""
+    out = []
+    for _, part in rows_of(keyed):
+        by_system = {str(r["system"]): r for r in part.to_dict("records") if r.get("cost_breakdown")}
+        out += [by_system[s] for s in system_order(list(by_system))]
     return out
 
 
-def breakdown_markdown(records: list[Record]) -> str:
-    """Each component's share of the modeled time, per run (cell x system)."""
-    runs = _latest(records)
-    if not runs:
-        return ""
-    head = " | ".join(LABELS[c] for c in COMPONENTS)
-    lines = [f"| cell | system | {head} | s per forward, first / last window |",
-             "|---|---|" + "---|" * (len(COMPONENTS) + 1)]
-    rank = {s: i for i, s in enumerate(system_order(sorted({str(k[5]) for k in runs})))}
-    for key in sorted(runs, key=lambda k: (str(k[0]), str(k[1]), _budget_order(k[2]), k[3] or 0, rank[str(k[5])])):
-        r = runs[key]
+def breakdown_markdown(runs: Keyed | list[Record]) -> str:
+    """Each component's share of the modeled time, per run (row of the table x system)."""
+    keyed = as_keyed(runs)
+    experts = experts_per_row(keyed)
+    lines = []
+    for r in _with_breakdown(keyed):
         share = shares(r["cost_breakdown"])
         bins = by_window(r["cost_breakdown"])
         ends = (f"{sum(bins[0][c] for c in COMPONENTS):.3g} / {sum(bins[-1][c] for c in COMPONENTS):.3g}"
                 if bins else "-")
-        lines.append(f"| {key[3]}-{key[2]} | {key[5]} | " + " | ".join(f"{100 * share[c]:.1f}%" for c in COMPONENTS)
-                     + f" | {ends} |")
+        lines.append([*cell_values(keyed, r, experts), r["system"], *(f"{100 * share[c]:.1f}%" for c in COMPONENTS),
+                      ends])
+    if not lines:
+        return ""
+    headers = [*cell_headers(keyed, {"gen_length": "gen", "block_length": "block"}), "system",
+               *(LABELS[c] for c in COMPONENTS), "s per forward, first / last window"]
     return ("\n## Where the modeled time goes (share of modeled time per component)\n\n"
-            + "\n".join(lines) + "\n")
+            + pipe_table(headers, lines))
 
 
-def breakdown_by_window(records: list[Record], out: Path) -> list[Path]:
-    """One figure per (model, cache, budget, block): systems x generation lengths."""
+def breakdown_by_window(runs: Keyed | list[Record], out: Path) -> list[Path]:
+    """One figure per row of the table but its generation length (the same settings
+    otherwise): systems x generation lengths."""
+    keyed = as_keyed(runs)
+    figure_keys = [k for k in keyed.keys if k != "gen_length"]
     groups: dict[tuple[Any, ...], dict[tuple[Any, Any], Record]] = defaultdict(dict)
-    for key, r in _latest(records).items():
-        model, cache, budget, gen, block, system = key
-        groups[(model, cache, budget, block)][(system, gen)] = r
+    for r in _with_breakdown(keyed):
+        groups[tuple(r[k] for k in figure_keys)][(r["system"], r["gen_length"])] = r
     paths = []
-    for (model, cache, budget, block), runs in sorted(groups.items(), key=lambda kv: _budget_order(kv[0][2])):
-        systems = system_order(sorted({s for s, _ in runs}))
-        gens = sorted({g for _, g in runs})
-        paths.append(_figure(runs, systems, gens, f"{model} cache={cache} budget={budget} block={block}",
-                             out / f"breakdown_{_slug((model, cache, budget, block))}.png"))
+    for values, runs_of in groups.items():
+        systems = system_order(sorted({s for s, _ in runs_of}))
+        gens = sorted({g for _, g in runs_of}, key=lambda g: (not isinstance(g, int), g if isinstance(g, int) else 0))
+        paths.append(_figure(runs_of, systems, gens, key_label(figure_keys, values),
+                             out / f"breakdown_{_slug(values)}.png"))
     return paths
 
 

@@ -16,6 +16,8 @@ older, so nothing disappears without a word.
 
 from __future__ import annotations
 
+import math
+import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -27,6 +29,7 @@ from harness.results.records import ROW_KEYS, setting_text
 from systems.registry import SYSTEM_CONFIGS
 
 Record = dict[str, Any]
+CELL_PARTS = ("gen_length", "budget")  # a cell's label shows them: gen_length-B-budget
 UNSET = "(unset)"  # a setting a run does not record (an older result.json)
 
 
@@ -40,14 +43,26 @@ class Keyed:
     warnings: list[str] = field(default_factory=list)  # one line per set of same-key runs
 
 
+def as_keyed(runs: Keyed | list[Record]) -> Keyed:
+    """Runs as the report keys them: a Keyed as it is, records keyed here."""
+    return runs if isinstance(runs, Keyed) else keyed_runs(runs)
+
+
 def differing_settings(records: list[Record]) -> list[str]:
-    """The settings (records' `settings`) whose values are not the same in every run, sorted."""
+    """The settings (records' `settings`) whose values are not the same in every run, sorted;
+    a budget.* setting that the budget's name decides (budget.gpu_gb of 10GB and 18GB: one
+    value per name) is no setting of its own, the budget column says it already."""
     values: dict[str, set[str]] = defaultdict(set)
+    per_budget: dict[tuple[str, str], set[str]] = defaultdict(set)
     names = {k for r in records for k in (r.get("settings") or {})}
     for r in records:
         for name in names:
-            values[name].add((r.get("settings") or {}).get(name, UNSET))
-    return sorted(k for k, seen in values.items() if len(seen) > 1)
+            value = (r.get("settings") or {}).get(name, UNSET)
+            values[name].add(value)
+            per_budget[(name, str(r.get("budget")))].add(value)
+    decided = {name for name in names if name.startswith("budget.")
+               and all(len(seen) == 1 for (n, _), seen in per_budget.items() if n == name)}
+    return sorted(k for k, seen in values.items() if len(seen) > 1 and k not in decided)
 
 
 def option_defaults(system: str | None) -> dict[str, str]:
@@ -113,6 +128,46 @@ def newest_per_key(df: pd.DataFrame, key: list[str]) -> tuple[pd.DataFrame, list
         warnings.append(f"warning: {len(group)} runs with the same settings ({where}); using the newer "
                         f"{newest['source']}, leaving out the older {', '.join(map(str, older['source']))}")
     return ranked.drop_duplicates(key, keep="last"), warnings
+
+
+def experts_per_row(keyed: Keyed) -> dict[tuple[Any, ...], Any]:
+    """Row key -> B, the experts per layer its runs held (the largest, if they differ)."""
+    df = keyed.frame
+    if df.empty or "experts" not in df:
+        return {}
+    held = pd.to_numeric(df["experts"], errors="coerce")
+    best = held.groupby([df[k] for k in keyed.keys]).max().dropna()
+    return {(k if isinstance(k, tuple) else (k,)): int(v) for k, v in best.items()}
+
+
+def cell_headers(keyed: Keyed, labels: Mapping[str, str] | None = None) -> list[str]:
+    """The columns that name a row in every table of the report: `cell` (gen_length-B-budget,
+    the paper's label) and each other row key (model, block_length and the differing settings)."""
+    return ["cell", *((labels or {}).get(k, k) for k in keyed.keys if k not in CELL_PARTS)]
+
+
+def cell_values(keyed: Keyed, row: Mapping[str, Any], experts: Mapping[tuple[Any, ...], Any] | None = None
+                ) -> list[str]:
+    """A run's (or row's) values under cell_headers: `256-64-10GB`, then the other row keys."""
+    values = tuple(row[k] for k in keyed.keys)
+    b = (experts if experts is not None else experts_per_row(keyed)).get(values, "?")
+    return [f"{row['gen_length']}-{b}-{row['budget']}", *(str(row[k]) for k in keyed.keys if k not in CELL_PARTS)]
+
+
+def rows_of(keyed: Keyed) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """The report's rows in the order the tables list them: (row key values, its runs)."""
+    if keyed.frame.empty:
+        return []
+    groups = keyed.frame.groupby(keyed.keys, sort=False, dropna=False)
+    out = [((v if isinstance(v, tuple) else (v,)), g) for v, g in groups]
+    return sorted(out, key=lambda vg: tuple(_sortable(k, v) for k, v in zip(keyed.keys, vg[0], strict=True)))
+
+
+def _sortable(key: str, value: Any) -> tuple[float, str]:
+    if key in ("budget", "gen_length", "block_length"):  # 10GB < 18GB < custom; 32 < 256
+        found = re.match(r"([\d.]+)", str(value))
+        return (float(found.group(1)) if found else math.inf, str(value))
+    return (0.0, str(value))
 
 
 def key_label(keys: list[str], values: tuple[Any, ...] | Any) -> str:

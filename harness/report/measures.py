@@ -1,5 +1,5 @@
 """The report's section on DALI's measures (harness/job/measures.py; docs/dali-and-gem.md):
-for each row of the report (model, budget and every differing setting), one line per
+for each row of the report (its cell and every differing setting, as the table names it), one line per
 system column with its busy shares and expert hit rate, per phase (the forwards' kinds the
 runs have: prefill and decode for autoregressive models, denoise and commit too for block
 diffusion); then
@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.report.keys import key_label, keyed_runs
+from harness.report.keys import Keyed, as_keyed, cell_headers, cell_values, experts_per_row, rows_of
+from harness.report.markdown import pipe_table
 from harness.results.records import system_order
 
 PHASES = ("prefill", "decode", "denoise", "commit")  # the order columns take; only present ones shown
@@ -44,32 +45,29 @@ def by_phase(measures: dict[str, float], base: str, phases_shown: list[str] | tu
     return f"{whole} ({' / '.join(_pct(v) for v in phases)})"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|",
-            *("| " + " | ".join(r) + " |" for r in rows)]
-
-
-def measures_markdown(records: list[dict[str, Any]]) -> str:
+def measures_markdown(runs: Keyed | list[dict[str, Any]]) -> str:
     """The section; empty when no run reports DALI's measures."""
-    with_measures = [r for r in records if r.get("measures")]
-    if not with_measures:
+    keyed = as_keyed(runs)
+    if keyed.frame.empty or not any(bool(m) for m in keyed.frame.get("measures", [])):
         return ""
-    keyed = keyed_runs(with_measures)
-    frame, keys = keyed.frame, keyed.keys
-    shown = phases_in([r["measures"] for r in with_measures])
-    lines = ["", f"## DALI's measures (modeled; run ({' / '.join(shown)}))", ""]
+    experts = experts_per_row(keyed)
+    shown = phases_in([m for m in keyed.frame["measures"] if m])
     per_system: list[list[str]] = []
     per_trace: list[list[str]] = []
-    for values, group in frame.groupby(keys, sort=True):
-        row = key_label(keys, values)
-        by_label = {str(r["system"]): r for _, r in group.iterrows()}
-        for label in system_order(list(by_label)):
+    for _, group in rows_of(keyed):
+        by_label = {str(r["system"]): r for r in group.to_dict("records") if r.get("measures")}
+        if not by_label:
+            continue
+        labels = system_order(list(by_label))
+        cell = cell_values(keyed, by_label[labels[0]], experts)
+        for label in labels:
             m = by_label[label]["measures"]
-            per_system.append([row, label, *(by_phase(m, base, shown) for base, _ in SYSTEM_FIGURES)])
-        first = by_label[system_order(list(by_label))[0]]["measures"]
-        per_trace.append([row, *(by_phase(first, base, shown) for base, _ in TRACE_FIGURES)])
-    lines += _table(["row", "system", *(title for _, title in SYSTEM_FIGURES)], per_system)
-    lines += ["", "Over the routing trace (the same for every system of a row): next-layer prediction of "
-                  "top_k experts, and a B-expert cache per layer under three replacement rules.", ""]
-    lines += _table(["row", *(title for _, title in TRACE_FIGURES)], per_trace)
-    return "\n".join(lines) + "\n"
+            per_system.append([*cell, label, *(by_phase(m, base, shown) for base, _ in SYSTEM_FIGURES)])
+        first = by_label[labels[0]]["measures"]
+        per_trace.append([*cell, *(by_phase(first, base, shown) for base, _ in TRACE_FIGURES)])
+    headers = cell_headers(keyed, {"gen_length": "gen", "block_length": "block"})
+    return (f"\n## DALI's measures (modeled; run ({' / '.join(shown)}))\n\n"
+            + pipe_table([*headers, "system", *(title for _, title in SYSTEM_FIGURES)], per_system)
+            + "\nOver the routing trace (the same for every system of a row): next-layer prediction of "
+              "top_k experts, and a B-expert cache per layer under three replacement rules.\n\n"
+            + pipe_table([*headers, *(title for _, title in TRACE_FIGURES)], per_trace))

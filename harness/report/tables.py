@@ -1,4 +1,4 @@
-"""Tables from finished runs: a sweep's summary and the paper-style comparison.
+"""Tables from finished runs: the paper-style comparison (a sweep's summary: sweep.py).
 
 `python -m harness.report [--from-mlflow URI | --runs DIR ...] [--out DIR]` collects
 results (result.json files under run or sweep directories, or the runs of an MLflow
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from harness.common.errors import HarnessError, OneLineParser, check_output_dir
 from harness.common.keyvalue import as_flags, program_name
@@ -41,9 +40,16 @@ from harness.common.paths import file_kind, probe_output_dir
 from harness.job.resume import RESUMED_FILE, resumed_result_path
 from harness.report import plots
 from harness.report.breakdown import breakdown_by_window, breakdown_markdown
-from harness.report.keys import Keyed, keyed_runs
+from harness.report.keys import Keyed, experts_per_row, keyed_runs
+from harness.report.markdown import pipe_table
 from harness.report.measures import measures_markdown
-from harness.report.notes import early_stop_markdown, replay_routing_markdown, tau_flatness_markdown
+from harness.report.notes import (
+    early_stop_markdown,
+    replay_routing_markdown,
+    routing_markdown,
+    tau_flatness_markdown,
+)
+from harness.report.uncertainty import ERRORS, half_width
 from harness.results.records import (
     RECORD_METRICS,
     _int,
@@ -53,20 +59,18 @@ from harness.results.records import (
     system_order,
 )
 from harness.results.run_result import RunIdentity, RunResult, Timing
-from harness.traces.routing_stats import STAT_KEYS
 from harness.tracking.mlflow_store import open_store
 from harness.tracking.run_files import RESULT_FILE, find_files
 from harness.tracking.uris import check_store_is_mlflow, check_tracking_uri
 from systems.registry import names_with_role
 
-TABLE_METRICS = ["tokens_per_s", "speedup", "miss_rate", "io_gb", "tau_star", "ttft_s", "tpot_s", "lossless"]
+TABLE_METRICS = ["tokens_per_s", "tokens_per_s_ci", "speedup", "miss_rate", "io_gb", "tau_star", "ttft_s", "tpot_s",
+                 "lossless"]
 # shown only for the systems (and runs) that report them: tau* (tide), and an autoregressive
 # run's time to first token and per output token (prefill and decode apart)
-SOMETIMES = ("tau_star", "ttft_s", "tpot_s")
-SWEEP_COLUMNS = ["job", "overrides", "status", "system", "budget", "model", "gen_length", "block_length",
-                 "decode_cache", "tau", "tokens_per_s", "miss_rate", "io_gb", "cpu_expert_tokens", "tau_star",
-                 "lossless", "token_match_rate", "wall_tokens_per_s", "timing"]
-LABELS = {"tokens_per_s": "tok/s", "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
+SOMETIMES = ("tokens_per_s_ci", "tau_star", "ttft_s", "tpot_s")
+LABELS = {"tokens_per_s": "tok/s", "tokens_per_s_ci": "±95% CI (prompts)",
+          "speedup": "speedup", "miss_rate": "miss", "tau_star": "tau*",
           "lossless": "lossless", "wall_tokens_per_s": "wall tok/s", "io_gb": "io GB",
           "cpu_expert_tokens": "cpu tokens", "token_match_rate": "match", "gen_length": "gen",
           "block_length": "block", "decode_cache": "cache", "ttft_s": "ttft ms", "tpot_s": "tpot ms"}
@@ -87,7 +91,7 @@ def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
             result = RunResult.from_json(target)
         except (OSError, ValueError, TypeError, AttributeError, KeyError, HarnessError):
             continue  # a damaged file, or a JSON value that is not a result object, is not a run
-        seen[str(target.resolve())] = record_from_result(result, str(target), order=target.stat().st_mtime)
+        seen[str(target.resolve())] = record_from_result(result, str(target.resolve()), order=target.stat().st_mtime)
     return list(seen.values())
 
 
@@ -145,52 +149,6 @@ def config_from_params(params: Mapping[str, str]) -> dict[str, Any]:
     return config
 
 
-# --------------------------------------------------------------------------- sweep summary
-
-
-def _job_number(name: str) -> tuple[int, str]:
-    found = re.match(r"(\d+)", name)
-    return (int(found.group(1)) if found else 1 << 30, name)
-
-
-def _job_overrides(job_dir: Path) -> dict[str, str]:
-    try:
-        items = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
-    except (OSError, yaml.YAMLError):
-        return {}
-    return dict(str(o).split("=", 1) for o in items if "=" in str(o))
-
-
-def varying_overrides(overrides: list[dict[str, str]]) -> list[str]:
-    """'key=value' per job for the keys whose value differs between the jobs of a sweep."""
-    keys = sorted({k for o in overrides for k in o})
-    varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1]
-    return [" ".join(f"{k}={o[k]}" for k in varying if k in o) for o in overrides]
-
-
-def sweep_records(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One record per job directory of a sweep: ok, skipped (resume) or failed."""
-
-    records = []
-    job_dirs = sorted({p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")},
-                      key=lambda d: _job_number(str(d.relative_to(sweep_dir))))
-    labels = varying_overrides([_job_overrides(d) for d in job_dirs])
-    for job, varies in zip(job_dirs, labels, strict=True):
-        prior = resumed_result_path(job)
-        path, status = (job / "result.json", "ok") if (job / "result.json").is_file() else (prior, "skipped")
-        try:
-            record = record_from_result(RunResult.from_json(path), str(path), status=status)
-        except (OSError, ValueError, TypeError, AttributeError):
-            record = record_from_result(RunResult(RunIdentity()), str(job), status="failed")
-        records.append({**record, "job": _job_number(job.name)[0], "overrides": varies})
-    return records
-
-
-def sweep_table(records: list[dict[str, Any]]) -> pd.DataFrame:
-    df = pd.DataFrame(records)
-    return df.reindex(columns=SWEEP_COLUMNS)
-
-
 # --------------------------------------------------------------------------- paper table
 
 
@@ -216,9 +174,15 @@ def paper_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     return pivot(keyed_runs(records))
 
 
+def with_intervals(df: pd.DataFrame) -> pd.DataFrame:
+    """tokens_per_s_ci: the half width of the 95% confidence interval of each run's tokens/s,
+    over its prompts (harness/report/uncertainty.py; NaN under two prompts)."""
+    return df.assign(tokens_per_s_ci=[half_width(r, "tokens_per_s") for r in df.to_dict("records")])
+
+
 def pivot(keyed: Keyed) -> pd.DataFrame:
     keys = keyed.keys
-    df = with_speedups(keyed.frame, keys)
+    df = with_intervals(with_speedups(keyed.frame, keys))
     wide = df.pivot(index=keys, columns="system", values=TABLE_METRICS).swaplevel(axis=1)
     columns = [(s, m) for s in system_order(list(df["system"].unique())) for m in TABLE_METRICS
                if m not in SOMETIMES or wide[(s, m)].notna().any()]
@@ -229,7 +193,7 @@ def pivot(keyed: Keyed) -> pd.DataFrame:
 def long_frame(keyed: Keyed) -> pd.DataFrame:
     """The tidy table: one row per (row key, system, metric) with its value and the run it came
     from; metrics a run does not report are left out."""
-    df = with_speedups(keyed.frame, keyed.keys)
+    df = with_intervals(with_speedups(keyed.frame, keyed.keys))
     metrics = [m for m in [*TABLE_METRICS, *RECORD_METRICS] if m in df and m not in keyed.keys]
     metrics = list(dict.fromkeys(metrics))
     long = df.melt(id_vars=[*keyed.keys, "system", "system_name", "source"], value_vars=metrics,
@@ -245,34 +209,21 @@ def flat_csv_frame(wide: pd.DataFrame) -> pd.DataFrame:
 
 
 FORMATS: dict[str, Callable[[float], str]] = {
-    "tokens_per_s": lambda x: f"{x:.1f}", "wall_tokens_per_s": lambda x: f"{x:.1f}",
+    "tokens_per_s": lambda x: f"{x:.1f}", "tokens_per_s_ci": lambda x: f"±{x:.1f}",
+    "wall_tokens_per_s": lambda x: f"{x:.1f}",
     "speedup": lambda x: f"{x:.2f}x", "miss_rate": _pct, "token_match_rate": _pct, "tau_star": lambda x: f"{x:g}",
     "lossless": _yes_no, "io_gb": lambda x: f"{x:.3f}", "cpu_expert_tokens": lambda x: f"{x:g}",
     "ttft_s": lambda x: f"{1e3 * x:.1f}", "tpot_s": lambda x: f"{1e3 * x:.2f}",
 }
 
 
-def _cell(metric: str, value: Any) -> str:
+def cell_text(metric: str, value: Any) -> str:
+    value = value.item() if hasattr(value, "item") else value  # a numpy number as Python's
     if isinstance(value, float) and math.isnan(value):
         return "-"
     if metric in FORMATS and isinstance(value, int | float):
         return FORMATS[metric](float(value))
     return "-" if value is None else str(value)
-
-
-def markdown(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
-
-
-def experts_per_row(keyed: Keyed) -> dict[tuple[Any, ...], Any]:
-    """Row key -> B, the experts per layer its runs held (the largest, if they differ)."""
-    df = keyed.frame
-    if "experts" not in df:
-        return {}
-    held = pd.to_numeric(df["experts"], errors="coerce")
-    best = held.groupby([df[k] for k in keyed.keys]).max().dropna()
-    return {(k if isinstance(k, tuple) else (k,)): int(v) for k, v in best.items()}
 
 
 def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, ...], Any] | None = None) -> str:
@@ -287,20 +238,14 @@ def paper_markdown(wide: pd.DataFrame, experts: Mapping[tuple[Any, ...], Any] | 
         at = dict(zip(keys, idx, strict=True))
         b = (experts or {}).get(idx, "?")
         rows.append([f"{at['gen_length']}-{b}-{at['budget']}", *(str(at[k]) for k in rest)]
-                    + [_cell(m, row[(s, m)]) for s, m in wide.columns])
-    return markdown(headers, rows)
-
-
-def sweep_markdown(table: pd.DataFrame) -> str:
-    columns = [c for c in table.columns if table[c].notna().any()]
-    return markdown([LABELS.get(c, c) for c in columns],
-                    [[_cell(c, row[c]) for c in columns] for _, row in table.iterrows()])
+                    + [cell_text(m, row[(s, m)]) for s, m in wide.columns])
+    return pipe_table(headers, rows)
 
 
 # --------------------------------------------------------------------------- CLI
 
 
-def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Path]]:
+def write_report(records: list[dict[str, Any]], out: Path, errors: str = "ci") -> tuple[str, list[Path]]:
     """report.md, report.csv (wide: a row per row key, `<system>.<metric>` columns),
     report_long.csv (tidy: a row per row key, system and metric) and the figures; the
     warnings about same-key runs are printed on stderr once."""
@@ -309,49 +254,15 @@ def write_report(records: list[dict[str, Any]], out: Path) -> tuple[str, list[Pa
     for line in keyed.warnings:
         print(line, file=sys.stderr)
     wide = pivot(keyed)
-    text = (paper_markdown(wide, experts_per_row(keyed)) + measures_markdown(records) + early_stop_markdown(records)
-            + routing_markdown(records) + replay_routing_markdown(records, [LABELS.get(k, k) for k in ROUTING_KEYS])
-            + tau_flatness_markdown(records) + breakdown_markdown(records))
+    # every section and figure takes the table's own rows (keyed): one cell key for the report
+    text = (paper_markdown(wide, experts_per_row(keyed)) + measures_markdown(keyed) + early_stop_markdown(keyed)
+            + routing_markdown(keyed) + replay_routing_markdown(keyed) + tau_flatness_markdown(keyed)
+            + breakdown_markdown(keyed))
     note = plots.timing_note(records)
     (out / "report.md").write_text(f"# Offloading comparison{note}\n\n{text}")
     flat_csv_frame(wide).to_csv(out / "report.csv", index=False)
     long_frame(keyed).to_csv(out / "report_long.csv", index=False)
-    return text, [*plots.all_figures(records, out), *breakdown_by_window(records, out)]
-
-
-ROUTING_KEYS = ["model", "weights", "decode_cache", "gen_length", "block_length"]
-
-
-def routing_of(record: dict[str, Any]) -> str:
-    """Which routing a row's statistics describe: a live run's own recording, or the file an
-    imported trace came from (docs/real-routing.md)."""
-    source = record.get("routing_source")
-    return f"{source}: {Path(str(record.get('trace'))).name}" if source else "recorded"
-
-
-def routing_markdown(records: list[dict[str, Any]]) -> str:
-    """The routing statistics of the runs that recorded a trace, each beside its value under
-    uniform routing; one row per (model, weights, cache, gen, block, B, routing source): every system of a
-    live run routes exactly like gpu_only, so the latest run stands for the row."""
-    rows: dict[tuple, dict[str, Any]] = {}
-    for record in sorted((r for r in records if r.get("routing")), key=lambda r: r.get("order", 0)):
-        stats = record["routing"]
-        rows[(*(record.get(k) for k in ROUTING_KEYS), stats.get("B"), routing_of(record))] = record
-    if not rows:
-        return ""
-
-    def cell(value: Any, uniform: Any) -> str:
-        show = "n/a" if value is None else f"{value:.3g}"
-        return show if uniform is None else f"{show} ({uniform:.3g})"
-
-    headers = [LABELS.get(k, k) for k in ROUTING_KEYS] + ["B", *STAT_KEYS, "cosine k=1..3", "routing"]
-    lines = []
-    for key, record in rows.items():
-        stats, uniform = record["routing"], record["routing"].get("uniform") or {}
-        cos = ", ".join("n/a" if c is None else f"{c:.2f}" for c in (stats.get("cosine_by_k") or [])[:3])
-        lines.append([str(v) for v in key[:-1]] + [cell(stats.get(k), uniform.get(k)) for k in STAT_KEYS]
-                     + [cos, key[-1]])
-    return ("\n## Routing statistics (uniform routing in parentheses)\n\n" + markdown(headers, lines))
+    return text, [*plots.all_figures(keyed, out, errors), *breakdown_by_window(keyed, out)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,14 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-REPORT_FLAGS = {"from_mlflow": "--from-mlflow", "experiment": "--experiment", "runs": "--runs", "out": "--out"}
+REPORT_FLAGS = {"from_mlflow": "--from-mlflow", "experiment": "--experiment", "runs": "--runs", "out": "--out",
+                "errors": "--errors"}
 
 
 def report_parser() -> OneLineParser:
     prog = program_name("python -m harness.report")
     parser = OneLineParser(
         prog=prog, description="paper-style table, tidy CSV and figures from finished runs",
-        usage=f"{prog} [runs=DIR ...] [from_mlflow=URI] [experiment=NAME ...] [out=DIR]",
+        usage=f"{prog} [runs=DIR ...] [from_mlflow=URI] [experiment=NAME ...] [out=DIR] [errors=ci|sd]",
         epilog="Arguments are key=value, as every harness command takes them (the --flags below are the same "
                "options; a bare directory is runs=). Example: harness-report runs=outputs/multirun out=outputs/report")
     parser.add_argument("--from-mlflow", metavar="URI", help="from_mlflow=URI: read the runs of this tracking store")
@@ -380,6 +292,9 @@ def report_parser() -> OneLineParser:
                         help="runs=DIR: run or sweep dirs (repeatable; default: outputs)")
     parser.add_argument("--out", type=Path, default=Path("outputs/report"), help="out=DIR: output dir "
                                                                                  "(default: %(default)s)")
+    parser.add_argument("--errors", choices=ERRORS, default="ci",
+                        help="errors=ci|sd: the figures' error bars, 95%% CI of the mean over prompts (default) or "
+                             "the prompts' spread (1 s.d.)")
     return parser
 
 
@@ -388,7 +303,7 @@ def run_report(argv: list[str]) -> int:
     # a bare directory is what `python -m harness.report outputs/multirun/<time>` means: runs=
     argv = [f"runs={a}" if "=" not in a and not a.startswith("-") and Path(a).is_dir()
             and not (i and argv[i - 1].startswith("-")) else a for i, a in enumerate(argv)]  # not a flag's value
-    args = parser.parse_args(as_flags(argv, REPORT_FLAGS))
+    args = parser.parse_args(as_flags(argv, REPORT_FLAGS, parser.prog))
     if args.from_mlflow and args.runs:
         parser.error("use either --from-mlflow or --runs")
     check_output_dir(args.out, "--out")
@@ -409,7 +324,7 @@ def run_report(argv: list[str]) -> int:
         raise HarnessError(f"cannot read runs from {where}: {' '.join(str(exc).split())[:300]}") from None
     if not records:
         raise HarnessError(f"no runs found in {where}")
-    text, figures = write_report(records, args.out)
+    text, figures = write_report(records, args.out, args.errors)
     print(text, end="")
     print(f"wrote {args.out}/report.md, report.csv, report_long.csv and {len(figures)} figure(s) "
           f"(PNG, PDF, SVG each) from {len(records)} runs")

@@ -22,8 +22,8 @@ ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
 # row keys above (model.name, ...) and the resolved identity fields that replace a config key
 # (weights for model.weights, backend for the configured one) are left out too
 NOT_SETTINGS = ("tracking.", "hydra.", "system.", "workload.", "calibration.")
-NOT_SETTING_KEYS = {"cache_dir", "show_text", "resume", "block", "backend", "trace.record", "model.weights",
-                    "model.name", "decode.gen_length", "decode.block_length", "budget.name"}
+NOT_SETTING_KEYS = {"cache_dir", "show_text", "show_wall", "resume", "block", "backend", "trace.record",
+                    "model.weights", "model.name", "decode.gen_length", "decode.block_length", "budget.name"}
 
 # the registry's order, each system followed by its name when charged against its default overlap
 SYSTEM_ORDER = [label for entry in REGISTRY.values() for label in entry.report_labels]
@@ -87,6 +87,8 @@ def record_from_result(result: RunResult, source: str, status: str = "ok", order
         "per_prompt": per_prompt(result),
         "measures": {k: float(v) for k, v in metrics.items()
                      if k.startswith(MEASURE_PREFIXES) and isinstance(v, int | float) and not isinstance(v, bool)},
+        # every number of result.json's metrics, for the tidy frame (harness/report/frame.py)
+        "metrics": {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)},
     }
     record.update({k: _num(metrics.get(k)) for k in RECORD_METRICS})
     record["tokens_per_s"] = _num(tokens_per_s)

@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.common.files import read_json, write_json_atomic
+from harness.results.system_ids import RUN_COLOR_TAG, system_color, system_id
 from harness.traces.routing_stats import routing_metrics
 
+# MLflow shows these to one decimal (docs/tracking.md); result.json keeps them whole
+ROUNDED_METRICS = ("tokens_per_s", "wall_tokens_per_s", "modeled_tokens_per_s")
 SCHEMA = 6  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
@@ -215,9 +218,13 @@ class RunResult:
     def text(self) -> str | None:
         return self.decoded.first_text if self.decoded is not None else None
 
-    def summary_lines(self, show_text: bool = True) -> list[str]:
-        """The lines a finished run prints."""
+    def summary_lines(self, show_text: bool | None = None, show_wall: bool | None = None) -> list[str]:
+        """The lines a finished run prints; the first prompt's text and the wall tokens/s beside
+        a modeled figure only for real weights unless asked (None: by the weights)."""
         m, b, ident = self.flat_metrics(), self.budget, self.identity
+        real = ident.weights == "real"
+        show_text = real if show_text is None else show_text
+        show_wall = (real or self.timing.kind != "modeled") if show_wall is None else show_wall
         tau = f" tau*={m['tau_star']:g}" if "tau_star" in m else ""
         lossless = (f"lossless={m['lossless']} (match {100 * m['token_match_rate']:.1f}%)" if "lossless" in m
                     else "lossless=n/a (replay: no numerics)")
@@ -227,7 +234,8 @@ class RunResult:
             speed += f" ({100 * share:.0f}% host planning)"
         if "modeled_tokens_per_s" in m:  # a measured run also reports the model's prediction
             speed += f", modeled {m['modeled_tokens_per_s']:.1f}"
-        speed += f", wall {m['wall_tokens_per_s']:.1f}" if "wall_tokens_per_s" in m else f" ({ident.source})"
+        wall = show_wall and "wall_tokens_per_s" in m
+        speed += f", wall {m['wall_tokens_per_s']:.1f}" if wall else f" ({ident.source})"
         overlap = (self.config.get("system") or {}).get("overlap")
         charging = "" if overlap is None else f" overlap={str(bool(overlap)).lower()}"
         charged = "; charged as itself, a smoke-test model: copies cost ~nothing, tokens/s does not rank systems" \
@@ -254,6 +262,11 @@ class RunResult:
         params = run_params(self.config)
         params.update({k: param_value(v) for k, v in numbers.items() if k in CONSTANT_METRICS and k not in params})
         metrics = {k: float(v) for k, v in numbers.items() if k not in CONSTANT_METRICS}
+        for key in ROUNDED_METRICS:  # shown whole in the UI's columns (result.json keeps every digit)
+            if key in metrics:
+                metrics[key] = round(metrics[key], 1)
+        if system_id(self.identity.system) is not None:  # parallel coordinates plot numbers, not names
+            params["system_id"] = str(system_id(self.identity.system))
         return MlflowRecord(params=params, metrics=metrics, series=list(self.series_points()),
                             tags=self.mlflow_tags(run_dir, config_hash, git_commit))
 
@@ -285,6 +298,7 @@ class RunResult:
             "machine": self.versions.get("machine") or platform.node(),
             "run_dir": str(run_dir.resolve()), "config_hash": config_hash,
             "mlflow.runName": "-".join(str(x) for x in (ident.system, budget, ident.model) if x),
+            RUN_COLOR_TAG: system_color(ident.system),  # one colour per system in the chart view
         }
         return {k: str(v) for k, v in tags.items() if v is not None}
 

@@ -12,9 +12,10 @@ shape and keys were read from the 3.17 UI bundle, mlflow/server/js/build; checke
 browser by scripts/ui_check.sh).
 
 The harness writes one such view, "Results (harness)", into every experiment it logs to:
-tokens/s, miss rate, tau*, lossless and I/O, the system, budget and model params, and every
-param a sweep into this experiment varied (each sweep adds its own), and every link it prints
-opens the runs table in that view. A view someone saved over it in the UI (compressed by the
+the system and budget params first, then tokens/s (logged to one decimal), miss rate, tau*,
+lossless and I/O, then the model, `system_id` (a number per system, for parallel
+coordinates) and every param a sweep into this experiment varied (each sweep adds its own),
+and every link it prints opens the runs table in that view. A view someone saved over it in the UI (compressed by the
 UI) is left as it is.
 """
 
@@ -31,7 +32,8 @@ VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_TAG = f"{VIEW_TAG_PREFIX}{VIEW_ID}"
 VIEW_PARAM = f"viewStateShareKey={VIEW_ID}"
 RESULT_METRICS = ("tokens_per_s", "miss_rate", "tau_star", "lossless", "io_gb")
-BASE_PARAMS = ("system.name", "budget.name", "model.name")
+BASE_PARAMS = ("system.name", "budget.name", "model.name", "system_id")
+FIRST_PARAMS = ("system.name", "budget.name")  # left of the metrics; the rest right of them
 CONFIG_GROUPS = ("model", "budget", "system", "decode", "hardware", "topology", "workload", "calibration")
 
 
@@ -41,9 +43,13 @@ def column(section: str, key: str) -> str:
 
 
 def view_state(params: Sequence[str]) -> dict[str, Any]:
-    """The saved view's state: the Dataset column, the params, then the result metrics."""
-    columns = [column("attributes", "Dataset"), *(column("params", p) for p in dict.fromkeys(params)),
-               *(column("metrics", m) for m in RESULT_METRICS)]
+    """The saved view's state: system and budget, then the result metrics (tokens/s, miss rate,
+    tau*, lossless, I/O), then the other params (model, what sweeps varied, system_id), the
+    Dataset column last."""
+    params = list(dict.fromkeys(params))
+    first = [p for p in FIRST_PARAMS if p in params]
+    columns = [*(column("params", p) for p in first), *(column("metrics", m) for m in RESULT_METRICS),
+               *(column("params", p) for p in params if p not in first), column("attributes", "Dataset")]
     return {"selectedColumns": columns}
 
 

@@ -30,7 +30,7 @@ def test_tiny_run_prints_summary_and_writes_result(proxy_cache, tmp_path, tiny_d
     proc = run_cli("model=tiny", "decode.gen_length=8", "limit_prompts=2", cache=proxy_cache, tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "2 prompts" in proc.stdout and "denoising steps" in proc.stdout and "tokens/s" in proc.stdout
-    assert "first prompt's output" in proc.stdout
+    assert "first prompt's output" not in proc.stdout  # random proxy weights: their text means nothing
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["weights"] == "random-proxy" and result["metrics"]["prompts"] == 2
     assert all(len(o["tokens"]) == 8 for o in result["outputs"])

@@ -117,3 +117,22 @@ def test_child_name_carries_every_swept_value() -> None:
     grid = {"decode.gen_length": "256,1024", "system": "gpu_only,tide"}
     assert mlflow_ui.swept_keys(["+experiment=table1", "budget=10GB,18GB"], grid) == \
         ["budget", "decode.gen_length", "system"]
+
+
+def test_the_results_view_puts_system_budget_and_the_headline_metrics_first() -> None:
+    from harness.tracking import mlflow_view
+
+    columns = mlflow_view.view_state(["model.name", "system.name", "system.tau", "budget.name", "system_id"])[
+        "selectedColumns"]
+    assert columns[:7] == ["params.`system.name`", "params.`budget.name`", "metrics.`tokens_per_s`",
+                           "metrics.`miss_rate`", "metrics.`tau_star`", "metrics.`lossless`", "metrics.`io_gb`"]
+    assert columns[7:] == ["params.`model.name`", "params.`system.tau`", "params.`system_id`", "attributes.`Dataset`"]
+
+
+def test_each_system_has_its_own_number_and_run_colour() -> None:
+    from harness.results.system_ids import PALETTE, system_color, system_id
+    from systems.registry import REGISTRY
+
+    assert [system_id(name) for name in REGISTRY] == list(range(len(REGISTRY)))
+    assert len({system_color(name) for name in REGISTRY}) == len(REGISTRY) <= len(PALETTE)
+    assert system_id("no_such_system") is None and system_color(None) is None

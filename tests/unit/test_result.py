@@ -101,7 +101,7 @@ def test_a_key_reported_by_two_sections_is_an_error_and_nothing_is_written(secti
 
 
 def test_summary_lines_of_a_live_result() -> None:
-    lines = live_result().summary_lines(show_text=True)
+    lines = live_result().summary_lines(show_text=True, show_wall=True)
     assert lines == [
         "[tide] model=tiny (proxy weights) budget=10GB B=64 cache=prefix hardware=a100_pcie4: 2 prompts, 8 tokens, "
         "4 denoising steps | modeled 80.0 tokens/s, wall 2.0 | miss 25.0%, io 0.50 GB, cpu expert tokens 12 "
@@ -109,6 +109,17 @@ def test_summary_lines_of_a_live_result() -> None:
         "first prompt's output: 'def f(): pass'",
     ]
     assert len(live_result().summary_lines(show_text=False)) == 1
+
+
+def test_a_proxy_prints_neither_its_text_nor_a_wall_figure_unless_asked() -> None:
+    """A proxy's random weights decode noise, and this CPU's wall tokens/s is no figure of the
+    modeled hardware: by default neither is printed for proxies; real weights print both."""
+    (line,) = live_result().summary_lines()
+    assert "modeled 80.0 tokens/s (live) |" in line and "wall" not in line
+    real = live_result()
+    real.identity.weights = "real"
+    lines = real.summary_lines()
+    assert "modeled 80.0 tokens/s, wall 2.0 |" in lines[0] and lines[1] == "first prompt's output: 'def f(): pass'"
 
 
 def test_to_mlflow_gives_params_metrics_series_and_tags(tmp_path: Path) -> None:
@@ -120,6 +131,15 @@ def test_to_mlflow_gives_params_metrics_series_and_tags(tmp_path: Path) -> None:
     assert record.tags["mlflow.runName"] == "tide-10GB-tiny" and record.tags["config_hash"] == "hash1"
     assert record.tags["git_commit"] == "commit1" and record.tags["machine"] == "box"
     assert record.tags["timing"] == "modeled" and record.tags["run_dir"] == str(tmp_path.resolve())
+    # parallel coordinates need a number per system; the chart view a colour per system
+    assert record.params["system_id"] == "5" and record.tags["mlflow.runColor"] == "#8c564b"  # tide
+
+
+def test_mlflow_gets_tokens_per_s_to_one_decimal_and_result_json_every_digit(tmp_path: Path) -> None:
+    result = live_result()
+    result.metrics["tokens_per_s"] = 80.04999
+    assert result.to_mlflow(tmp_path, None, "c").metrics["tokens_per_s"] == 80.0
+    assert result.flat_metrics()["tokens_per_s"] == 80.04999
 
 
 def test_the_summary_line_names_the_charging() -> None:

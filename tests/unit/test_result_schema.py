@@ -26,7 +26,7 @@ GOLDEN = REPO / "tests" / "golden" / "results.json"
 
 def test_the_page_is_generated_from_the_current_schema() -> None:
     assert schema.undocumented() == []
-    stale = "docs/result-schema.md is stale: run python -m harness.results.schema"
+    stale = "docs/result-schema.md is stale: run python -m harness.results.schema write"
     assert schema.PAGE.read_text() == schema.render(), stale
 
 

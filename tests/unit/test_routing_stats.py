@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from harness.analyze import main as analyze_main
 from harness.common.errors import HarnessError
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
-from harness.report.tables import routing_markdown
+from harness.report.notes import routing_markdown
 from harness.traces.routing_stats import (
     main,
     routing_metrics,
@@ -129,10 +130,11 @@ def test_report_prints_statistics_beside_uniform():
              "popularity_cv": 2.7, "cross_prompt_popularity_corr": 0.8, "tokens_per_denoise_step": 1.1,
              "cosine_by_k": [0.9, 0.8], "B": 64,
              "uniform": {"distinct_experts_per_layer_step": 162.0, "top_b_share": 0.25}}
-    record = {"model": "mini", "weights": "random-proxy", "decode_cache": "prefix", "gen_length": 32,
-              "block_length": 32, "routing": stats, "order": 0}
-    text = routing_markdown([record, {**record, "routing": None}])
-    assert "| mini | random-proxy | prefix | 32 | 32 | 64 | 44 (162) | 0.99 (0.25) | 45 | 2.7 |" in text
+    record = {"model": "mini", "system": "tide", "budget": "10GB", "experts": 64, "gen_length": 32,
+              "block_length": 32, "routing": stats, "order": 0, "source": "run"}
+    text = routing_markdown([record, {**record, "system": "fiddler", "routing": None}])
+    # one line for the row (its cell, gen-B-budget, and model and block as the main table names them)
+    assert "| 32-64-10GB | mini | 32 | 64 | 44 (162) | 0.99 (0.25) | 45 | 2.7 |" in re.sub(" +", " ", text)
     assert routing_markdown([{**record, "routing": None}]) == ""
 
 
