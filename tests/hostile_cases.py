@@ -288,3 +288,36 @@ def _digest(tokens: Any) -> str:
 REFERENCE_DAMAGE = ("a token edited", "another key", "no key", "no digest", "one prompt missing", "a row too short",
                     "a float token", "a negative token", "a bool token", "tokens a string", "a JSON list",
                     "truncated", "a FIFO", "a directory")
+
+
+# ---------------------------------------------------------------- the transformers families' checkpoints
+
+
+def saved_family(directory: Path, name: str) -> Path:
+    """The tiny model of family `name` (tests/family_models.py) saved by transformers'
+    save_pretrained, as a checkpoint someone would pass as model.path."""
+    from tests.family_models import tiny_model
+
+    _, model = tiny_model(name)
+    model.save_pretrained(str(directory))
+    return directory
+
+
+def first_weight(directory: Path) -> str:
+    """The name of the first floating tensor of a saved checkpoint (the embeddings)."""
+    return sorted(name for name in index_checkpoint(directory) if "embed" in name)[0]
+
+
+def truncate_shards(directory: Path) -> None:
+    """Cut every safetensors file of the checkpoint in half (an interrupted download)."""
+    for shard in directory.glob("*.safetensors"):
+        size = shard.stat().st_size
+        with shard.open("r+b") as f:
+            f.truncate(size // 2)
+
+
+FAMILY_DAMAGE: dict[str, tuple[Callable[[Path], Any], str]] = {
+    "a NaN weight": (lambda d: poison(d, first_weight(d), "nan", 3), "holds NaN or Inf"),
+    "an Inf weight": (lambda d: poison(d, first_weight(d), "inf", 0), "holds NaN or Inf"),
+    "weights cut in half": (truncate_shards, "is truncated"),
+}
