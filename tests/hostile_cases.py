@@ -321,3 +321,27 @@ FAMILY_DAMAGE: dict[str, tuple[Callable[[Path], Any], str]] = {
     "an Inf weight": (lambda d: poison(d, first_weight(d), "inf", 0), "holds NaN or Inf"),
     "weights cut in half": (truncate_shards, "is truncated"),
 }
+
+
+# ---------------------------------------------------------------- round three: commands over sweeps and outputs
+
+
+HARNESS_RESULT = {  # the fields a report row reads
+    "schema": 1, "system": "tide", "model": "mini", "weights": "proxy", "timing": "modeled", "hardware": "a100_pcie4",
+    "budget": {"name": "10GB", "experts_per_layer": 64},
+    "config": {"model": {"name": "mini"}, "decode": {"gen_length": 32, "block_length": 32, "cache": "prefix"},
+               "system": {"name": "tide"}, "budget": {"name": "10GB"}},
+    "metrics": {"tokens_per_s": 100.0, "miss_rate": 0.2, "io_gb": 0.1, "lossless": 1}}
+FOREIGN_RESULT = {"model_name": "bert-base", "accuracy": 0.91, "results": [{"task": "mnli", "acc": 0.84}]}
+
+
+def one_system_sweep(root: Path, system: str = "tide") -> Path:
+    """A replay sweep dir holding one finished job of one system (hand-written result)."""
+    job = root / "sweep" / "0"
+    (job / ".hydra").mkdir(parents=True)
+    overrides = ["model=tiny", "source=trace", f"system={system}", "tracking.enabled=false"]
+    (job / ".hydra" / "overrides.yaml").write_text("\n".join(f"- {o}" for o in overrides) + "\n")
+    (job / "result.json").write_text(json.dumps({
+        "schema": 1, "system": system, "model": "tiny", "source": "trace", "metrics": {"tokens_per_s": 10.0},
+        "config": {"system": {"name": system}}, "budget": {"name": "custom"}}))
+    return root / "sweep"

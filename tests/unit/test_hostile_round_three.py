@@ -1,0 +1,143 @@
+"""Hostile inputs, round three (docs/bad-input.md): commands over sweeps that cannot analyse
+what they are given, outputs probed before measuring, fixes that are themselves accepted,
+Ctrl-C during startup, MLflow failing mid-run, a full disk under Hydra's files, keys given
+twice, checkpoint configs with impossible positions. Each case is one line (an `error:`
+and exit 2, or one `warning:` where the run can go on); the families' checkpoints are in
+tests/unit/test_family_checkpoints.py."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import pytest
+
+from harness.cli.overrides import precheck
+from harness.job.config import register_configs
+from tests import bad_input_cases as first
+from tests import hostile_cases as cases
+from tests.hostile_cases import no_hang, refused  # noqa: F401 - no_hang: an autouse fixture
+
+register_configs()
+
+
+# ---------------------------------------------------------------- commands over sweeps
+
+
+@pytest.mark.parametrize("system", ["tide", "fiddler"])
+def test_sensitivity_refuses_a_sweep_without_a_contender_and_a_baseline(system, tmp_path):
+    from harness.sensitivity.__main__ import main
+
+    sweep = cases.one_system_sweep(tmp_path, system)
+    before = first.snapshot(tmp_path)
+    first.expect_tool_error(main, [f"sweep={sweep}", "tracking=false"], f"holds system {system} only")
+    assert first.snapshot(tmp_path) == before  # no table of nan margins
+
+
+def report_of(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
+    from contextlib import redirect_stdout
+
+    from harness.report.tables import main
+
+    err, out = io.StringIO(), io.StringIO()
+    with redirect_stderr(err), redirect_stdout(out):
+        code = main([*argv, "--out", str(tmp_path / "report")])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_report_skips_a_foreign_result_json_with_one_warning(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "ours").mkdir(parents=True)
+    (runs / "ours" / "result.json").write_text(json.dumps(cases.HARNESS_RESULT))
+    (runs / "theirs").mkdir()
+    (runs / "theirs" / "result.json").write_text(json.dumps(cases.FOREIGN_RESULT))
+    code, out, err = report_of(tmp_path, "--runs", str(runs))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 0 and len(lines) == 1 and lines[0].startswith("warning: skipped ") and "theirs" in lines[0], err
+    assert "?-?" not in out and "?-?" not in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_report_on_foreign_results_only_is_one_line(tmp_path):
+    from harness.report.tables import main
+
+    (tmp_path / "runs" / "theirs").mkdir(parents=True)
+    (tmp_path / "runs" / "theirs" / "result.json").write_text(json.dumps(cases.FOREIGN_RESULT))
+    first.expect_tool_error(main, ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r")],
+                            "not a result of this harness")
+
+
+# ---------------------------------------------------------------- harness.profile's outputs
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """Any measurement fails the test: a refusal comes before them."""
+    import harness.profile as profile
+
+    def measured(*_a, **_k):
+        raise AssertionError("measured before checking the outputs")
+    monkeypatch.setattr(profile, "host_memory_gbps", measured)
+    monkeypatch.setattr(profile, "profile_local", measured)
+    return profile
+
+
+def _profile_args(tmp_path: Path, **over: str) -> list[str]:
+    options = {"model": "tiny", "out": str(tmp_path / "box.yaml"), "json": str(tmp_path / "local.json"),
+               "max_tokens": "8", "dense_max": "2", "reps": "1", **over}
+    return [f"{k}={v}" for k, v in options.items()]
+
+
+PROFILE_OUTPUTS = {
+    "out under /proc": ({"out": "/proc/harness/box.yaml"}, "out="),
+    "out a directory": ({"out": "{tmp}"}, "is a directory"),
+    "json under /proc": ({"json": "/proc/harness/local.json"}, "json="),
+    "json /dev/null": ({"json": "/dev/null"}, "json=/dev/null is a character device"),
+    "out already there": ({"out": "{existing}"}, "already holds a profile"),
+    "json holding this shape": ({"json": "{table}"}, "which hardware=local reads"),
+    "overwrite=maybe": ({"overwrite": "maybe"}, "overwrite="),
+}
+
+
+@pytest.mark.parametrize("name", list(PROFILE_OUTPUTS))
+def test_profile_refuses_its_outputs_before_measuring(name, tmp_path, no_measuring):
+    from harness.accounting.cost import expert_shape
+    from harness.cli.overrides import compose_checked
+    from harness.zoo.entry import nominal_geometry
+
+    (tmp_path / "existing.yaml").write_text("name: mine\n")
+    shape = expert_shape(nominal_geometry(compose_checked(["model=tiny"]).model))
+    (tmp_path / "table.json").write_text(json.dumps({"version": 1, "shapes": {shape: {}}}))
+    files = {"tmp": str(tmp_path), "existing": str(tmp_path / "existing.yaml"),
+             "table": str(tmp_path / "table.json")}
+    over, needle = PROFILE_OUTPUTS[name]
+    before = first.snapshot(tmp_path)
+    args = _profile_args(tmp_path, **{k: v.format(**files) for k, v in over.items()})
+    first.expect_tool_error(no_measuring.main, args, needle)
+    assert first.snapshot(tmp_path) == before
+
+
+def test_profile_overwrite_true_accepts_existing_profiles(tmp_path, no_measuring):
+    (tmp_path / "box.yaml").write_text("name: mine\n")
+    options = dict(a.split("=", 1) for a in _profile_args(tmp_path, overwrite="true"))
+    no_measuring.check_outputs(options, "anything")  # no refusal: the measurements may start
+
+
+# ---------------------------------------------------------------- fixes that are accepted
+
+
+@pytest.mark.parametrize(("argv", "fix"), [
+    (["topology.n_gpus=0"], []),
+    (["topology.n_gpus=-3"], []),
+    (["topology.n_gpus=3"], ["topology=multi", "topology.n_gpus=3"]),
+    (["topology.n_gpus=1000"], ["topology=multi", "topology.n_gpus=256"]),
+])
+def test_topology_n_gpus_suggests_a_fix_that_is_accepted(argv, fix, tmp_path):
+    text = refused(precheck, "topology=single has one GPU", ["model=tiny", *argv, f"hydra.run.dir={tmp_path}/r"])
+    if fix:
+        assert " ".join(fix) in text
+    else:
+        assert "leave topology.n_gpus out" in text
+    precheck(["model=tiny", "system=gem", *fix, f"hydra.run.dir={tmp_path}/r"] if fix else
+             ["model=tiny", f"hydra.run.dir={tmp_path}/r"])
