@@ -8,6 +8,10 @@ The Python API (docs/python-api.md): `harness.run([...])`, `harness.sweep([...])
 import importlib
 from typing import Any
 
+from harness.common.interrupts import guard_startup
+
+guard_startup()  # a command: Ctrl-C during its imports is one line and exit 130 (not in a notebook)
+
 __version__ = "0.1.0"
 
 _API = {"run": "harness.api", "sweep": "harness.api"}

@@ -345,3 +345,31 @@ def one_system_sweep(root: Path, system: str = "tide") -> Path:
         "schema": 1, "system": system, "model": "tiny", "source": "trace", "metrics": {"tokens_per_s": 10.0},
         "config": {"system": {"name": system}}, "budget": {"name": "custom"}}))
     return root / "sweep"
+
+
+# ---------------------------------------------------------------- Ctrl-C during a command's imports
+
+# `python -m <module> <args>` with a SIGINT sent to itself when <target> is first imported: a
+# Ctrl-C at a known point of the imports, without timing (a meta path finder that only watches)
+INTERRUPTED_IMPORT = """
+import os, runpy, signal, sys
+module, target, *args = sys.argv[1:]
+class Interrupt:
+    def find_spec(self, name, path=None, target_module=None):
+        if name == target:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["-m", *args]  # what python -m shows while it imports the module's package
+runpy._run_module_as_main(module)
+"""
+
+# (module, the import during which Ctrl-C comes, arguments)
+STARTUP_INTERRUPTS = {
+    "harness, importing hydra": ("harness", "hydra", ["model=tiny"]),
+    "harness, importing torch": ("harness", "torch", ["model=tiny"]),
+    "harness, importing mlflow's store": ("harness", "harness.tracking.mlflow_store", ["model=tiny"]),
+    "harness.sensitivity, importing torch": ("harness.sensitivity", "torch", ["sweep=nowhere"]),
+    "harness.report, importing pandas": ("harness.report", "pandas", ["--runs", "nowhere"]),
+    "harness.profile, importing yaml": ("harness.profile", "yaml", []),
+}

@@ -36,6 +36,7 @@ import pandas as pd
 import yaml
 
 from harness.common.errors import HarnessError, OneLineParser, check_output_dir
+from harness.common.interrupts import end_startup
 from harness.common.keyvalue import as_flags, program_name
 from harness.common.paths import file_kind, probe_output_dir
 from harness.job.resume import RESUMED_FILE, resumed_result_path
@@ -368,6 +369,7 @@ def routing_markdown(records: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; bad input is one line on stderr and 2."""
+    end_startup()  # the imports are done: Ctrl-C is the command's own from here
     try:
         return run_report(sys.argv[1:] if argv is None else argv)
     except HarnessError as exc:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from harness.accounting.budget import Budget
+from harness.common.interrupts import end_startup
 from harness.decode.decoding import ForwardRecord
 from harness.results import schema_fields as f
 from harness.results.run_result import SCHEMA, DecodedOutputs, RunIdentity, RunResult, Timing
@@ -121,6 +122,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    end_startup()  # the imports are done: Ctrl-C is the command's own from here
     args = sys.argv[1:] if argv is None else argv
     problems = undocumented()
     if problems:

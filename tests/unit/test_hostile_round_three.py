@@ -141,3 +141,70 @@ def test_topology_n_gpus_suggests_a_fix_that_is_accepted(argv, fix, tmp_path):
         assert "leave topology.n_gpus out" in text
     precheck(["model=tiny", "system=gem", *fix, f"hydra.run.dir={tmp_path}/r"] if fix else
              ["model=tiny", f"hydra.run.dir={tmp_path}/r"])
+
+
+# ---------------------------------------------------------------- Ctrl-C during startup
+
+
+@pytest.mark.parametrize("name", list(cases.STARTUP_INTERRUPTS))
+def test_ctrl_c_during_the_imports_is_one_line_and_130(name, tmp_path):
+    import sys
+
+    from tests import process_wait
+    from tests.conftest import REPO
+    from tests.harness_cli import harness_env
+
+    module, target, args = cases.STARTUP_INTERRUPTS[name]
+    done = process_wait.run([sys.executable, "-c", cases.INTERRUPTED_IMPORT, module, target, *args],
+                            f"{name}", cwd=REPO, env=harness_env(tmp_path / "cache"))
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 130 and len(lines) == 1 and lines[0].startswith("interrupted:"), done.stderr
+    assert done.stdout == "" and not (tmp_path / "cache").exists()
+
+
+def test_a_program_that_imports_the_api_keeps_its_own_ctrl_c():
+    import signal
+
+    from harness.common import interrupts
+
+    assert signal.getsignal(signal.SIGINT) is not interrupts.on_startup_sigint  # pytest imported harness
+    assert not interrupts.is_command(["/usr/bin/python3", "-c"]) and not interrupts.is_command(["ipykernel.py"])
+    assert interrupts.is_command(["-m"]) and interrupts.is_command(["/venv/bin/harness-report"])
+
+
+# ---------------------------------------------------------------- MLflow failing mid-run
+
+
+def test_a_store_that_becomes_unwritable_mid_run_is_one_warning_line(tmp_path, capfd):
+    import sqlite3
+
+    import sqlalchemy.exc
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from harness.common.files import write_json_atomic
+    from harness.job import mlflow_log as tracking
+    from harness.job.mlflow_log import TrackingConfig
+    from tests.integration.test_tracking import hand_made_result, typed
+
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path / 'store.db'}")
+    write_json_atomic(tmp_path / "a" / "result.json", hand_made_result())
+    assert tracking.log_run(typed(hand_made_result()), tmp_path / "a", cfg) is not None
+    capfd.readouterr()
+
+    def read_only(conn, cursor, statement, *_):  # what SQLite says once the file cannot be written
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+            raise sqlalchemy.exc.OperationalError(statement, (), sqlite3.OperationalError(
+                "attempt to write a readonly database"))
+    event.listen(Engine, "before_cursor_execute", read_only)
+    try:
+        write_json_atomic(tmp_path / "b" / "result.json", hand_made_result())
+        before = first.snapshot(tmp_path / "b")
+        assert tracking.log_run(typed(hand_made_result()), tmp_path / "b", cfg) is None
+    finally:
+        event.remove(Engine, "before_cursor_execute", read_only)
+    out, err = capfd.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: MLflow logging skipped"), err
+    assert "attempt to write a readonly database" in lines[0] and "Traceback" not in out + err
+    assert first.snapshot(tmp_path / "b") == before  # the result is kept, nothing lost
