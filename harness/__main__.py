@@ -20,8 +20,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness.cli import callbacks
+from harness.cli import callbacks, hydra_files
 from harness.cli.help import help_text
+from harness.cli.hydra_files import HydraFileFailed
 from harness.cli.overrides import precheck, typed_config
 from harness.common.errors import HarnessError, OutputError
 from harness.common.files import write_json_atomic
@@ -89,9 +90,15 @@ def entry() -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     install_sigint_handler()
+    hydra_files.install()  # Hydra's .hydra/*.yaml written atomically, a full disk there one line
     try:
         main()
         raise_if_interrupted()
+    except HydraFileFailed as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

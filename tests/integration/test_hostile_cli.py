@@ -85,6 +85,22 @@ def test_a_full_disk_mid_run_is_one_line_naming_what_was_saved(proxy_cache, tiny
     assert lines[0].endswith(f"saved in {run_dir}: __main__.log") and left == [".hydra", "__main__.log"]
 
 
+def test_a_full_disk_while_hydra_writes_its_config_is_one_line(proxy_cache, tiny_dir, tmp_path):
+    """The run dir on a tmpfs with 4 inodes (root only; else skipped): the precheck's probe
+    fits, Hydra's .hydra/config.yaml does not. One error line naming it, exit 2 (Hydra's own
+    handler printed a 7-line traceback)."""
+    from tests.unit.test_hostile_options import tmpfs
+
+    with tmpfs(tmp_path / "disk", "size=1m,nr_inodes=4") as disk:
+        run_dir = disk / "run"
+        run_dir.mkdir()
+        proc = run_module("harness", [*TINY, "system=gpu_only", "tracking.enabled=false", f"hydra.run.dir={run_dir}"],
+                          proxy_cache)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith(f"error: cannot write {run_dir / '.hydra' / 'config.yaml'} (No space left on device)")
+
+
 def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache, tiny_dir, tmp_path):
     """SIGKILL leaves the first sweep's parent RUNNING; resume=true in another dir reuses its
     result and ends that parent KILLED (superseded)."""

@@ -208,3 +208,39 @@ def test_a_store_that_becomes_unwritable_mid_run_is_one_warning_line(tmp_path, c
     assert len(lines) == 1 and lines[0].startswith("warning: MLflow logging skipped"), err
     assert "attempt to write a readonly database" in lines[0] and "Traceback" not in out + err
     assert first.snapshot(tmp_path / "b") == before  # the result is kept, nothing lost
+
+
+# ---------------------------------------------------------------- a full disk under Hydra's files
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EROFS", "EDQUOT"])
+def test_hydra_config_files_fail_in_one_line_and_leave_no_half_file(code, tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from omegaconf import OmegaConf
+
+    from harness.cli import hydra_files
+
+    run = tmp_path / ".hydra"
+    hydra_files.save_config(OmegaConf.create({"a": 1}), "config.yaml", run)
+    assert (run / "config.yaml").read_text() == "a: 1\n"
+
+    def full(*_):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(hydra_files.HydraFileFailed) as info:
+        hydra_files.save_config(OmegaConf.create({"a": 2}), "config.yaml", run)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"cannot write {run / 'config.yaml'}"), text
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"] and (run / "config.yaml").read_text() == "a: 1\n"
+
+
+def test_hydra_uses_the_harness_writer():
+    from hydra.core import utils
+
+    from harness.cli import hydra_files
+
+    hydra_files.install()
+    assert utils._save_config is hydra_files.save_config
+    assert not issubclass(hydra_files.HydraFileFailed, Exception)  # Hydra's `except Exception` lets it through
