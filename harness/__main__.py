@@ -10,7 +10,6 @@ prints one line (what was saved, how to resume) and exits 130.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -61,11 +60,13 @@ def main(cfg: DictConfig) -> None:
             f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())[:300]} (a bug: please report it)"
         if isinstance(exc, OutputError):
             message += f"; saved in {run_dir}: {saved_files(run_dir)}"
-        print(f"error: {message}", file=sys.stderr)
-        if in_sweep:
-            with contextlib.suppress(OSError):  # on a full disk failed.json may not fit either
+        if in_sweep:  # the sweep prints it as the job's `[failed]` line, and again in its summary
+            try:
                 write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": message})
+            except OSError:  # on a full disk failed.json may not fit either: say it here
+                print(f"error: {message}", file=sys.stderr)
             return
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     for line in result.summary_lines(config.show_text):
         print(line)

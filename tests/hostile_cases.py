@@ -373,3 +373,32 @@ STARTUP_INTERRUPTS = {
     "harness.report, importing pandas": ("harness.report", "pandas", ["--runs", "nowhere"]),
     "harness.profile, importing yaml": ("harness.profile", "yaml", []),
 }
+
+
+# ---------------------------------------------------------------- the last of issue 39's catalogue
+
+REPEATED_KEYS = {
+    "decode.gen_length twice": (["decode.gen_length=16", "decode.steps=4", "decode.gen_length=32"],
+                                "decode.gen_length is given twice (decode.gen_length=16 and decode.gen_length=32)"),
+    "a + key then the key": (["+seed_note=1", "seed_note=2"], "seed_note is given twice"),
+    "system twice": (["system=tide", "system=fiddler"], "system is given twice"),
+}
+
+# config.json edits of a LLaDA2 checkpoint (tiny) and of a family's (tiny mixtral) refused in one line
+LLADA2_CONFIGS = {
+    "an odd rotary dimension": ({"head_dim": 10, "partial_rotary_factor": 0.5}, "rotary dimension of 5"),
+    "a zero rotary dimension": ({"partial_rotary_factor": 0.01}, "rotary dimension of 0"),
+    "max_position_embeddings 10**12": ({"max_position_embeddings": 10**12}, "max_position_embeddings=1000000000000"),
+}
+FAMILY_CONFIGS = {
+    "an odd head_dim": ({"head_dim": 15}, "rotary dimension of 15"),
+    "an odd partial rotary dimension": ({"partial_rotary_factor": 0.3125}, "rotary dimension of 5"),
+    "max_position_embeddings 10**12": ({"max_position_embeddings": 10**12}, "max_position_embeddings=1000000000000"),
+    "max_position_embeddings 0": ({"max_position_embeddings": 0}, "max_position_embeddings"),
+}
+
+
+def edit_config(directory: Path, changes: dict[str, Any]) -> None:
+    raw = json.loads((directory / "config.json").read_text())
+    raw.update(changes)
+    (directory / "config.json").write_text(json.dumps(raw))

@@ -20,6 +20,7 @@ from harness.common.errors import HarnessError
 from harness.families.adapter import FamilyAdapter
 from harness.families.geometry import FamilyGeometry
 from harness.families.registry import adapter_for_model_type
+from harness.model.config import MAX_POSITIONS
 from harness.model.shards import ShardMaps, check_finite, index_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,6 +63,7 @@ def check_checkpoint(path: Path) -> tuple[FamilyAdapter, FamilyGeometry]:
     except (KeyError, TypeError, ValueError) as exc:
         raise HarnessError(f"{path}/config.json lacks or mistypes {exc} for a {adapter.name} geometry; it must be "
                            "the config.json the checkpoint was published with") from None
+    check_positions(path, adapter.text_config(raw), geometry)
     if not any(path.glob("*.safetensors")):
         raise HarnessError(f"{path} has no *.safetensors weights; the harness loads safetensors only (no pickled "
                            ".bin weights)")
@@ -92,6 +94,26 @@ def check_weights(path: Path, finite_cache: Path | None) -> None:
     fails here, not in safetensors) and every tensor finite, before transformers opens them."""
     entries = index_checkpoint(path)
     check_finite(path, entries, ShardMaps(), finite_cache)
+
+
+def check_positions(path: Path, text: dict, geometry: FamilyGeometry) -> None:
+    """What transformers accepts and then decodes garbage with: an odd rotary dimension (RoPE
+    rotates pairs of channels) and a position count no model has (a corrupt config)."""
+    if not 0 < geometry.max_position_embeddings <= MAX_POSITIONS:
+        raise HarnessError(f"{path}/config.json has max_position_embeddings={geometry.max_position_embeddings}; it "
+                           f"must be in [1, {MAX_POSITIONS}] (2**24), the checkpoint's config is corrupt")
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    nested = [v for v in rope.values() if isinstance(v, dict)] if isinstance(rope, dict) else []
+    factors = {float(c["partial_rotary_factor"]) for c in (text, rope, *nested)
+               if isinstance(c, dict) and isinstance(c.get("partial_rotary_factor"), int | float)} or {1.0}
+    dims = {geometry.head_dim, *([int(text["global_head_dim"])] if text.get("global_head_dim") else [])}
+    for head_dim in sorted(dims):
+        for factor in sorted(factors):
+            rotary = int(head_dim * factor)
+            if rotary % 2 or rotary <= 0:
+                raise HarnessError(f"{path}/config.json gives a rotary dimension of {rotary} (head_dim={head_dim} x "
+                                   f"partial_rotary_factor={factor}); RoPE rotates pairs, so it must be even and "
+                                   "positive")
 
 
 def load_pretrained(path: str | Path, dtype: str = "float32", finite_cache: str | Path | None = None,

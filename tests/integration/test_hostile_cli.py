@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from tests import process_wait
-from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, run_module, sqlite_uri
+from tests.harness_cli import (
+    REPO,
+    TINY,
+    empty_store,
+    harness_env,
+    parent_and_children,
+    run_module,
+    sqlite_uri,
+    tiny_with,
+)
 from tests.unit.test_sensitivity import small_sweep
 
 pytestmark = pytest.mark.slow
@@ -46,8 +55,8 @@ def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_the_parent_ends_killed(proxy
     # job 0 decodes one prompt, job 1 eight to the end (no EOS stop): the Ctrl-C must land while
     # the sweep still runs, also on a loaded machine (with three quick jobs, CI once saw the sweep
     # finish before the signal arrived: exit 0, nothing to test)
-    args = [sys.executable, "-m", "harness", "-m", *TINY, "decode.gen_length=512", "decode.eos_early_stop=false",
-            "budget=55GB", "system=gpu_only", "limit_prompts=1,8", f"tracking.uri={sqlite_uri(store)}",
+    args = [sys.executable, "-m", "harness", "-m", *tiny_with("decode.gen_length=512", "limit_prompts=1,8"),
+            "decode.eos_early_stop=false", "budget=55GB", "system=gpu_only", f"tracking.uri={sqlite_uri(store)}",
             f"hydra.sweep.dir={sweep}"]
     proc = process_wait.start(args, cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
@@ -101,6 +110,24 @@ def test_a_full_disk_while_hydra_writes_its_config_is_one_line(proxy_cache, tiny
     assert lines[0].startswith(f"error: cannot write {run_dir / '.hydra' / 'config.yaml'} (No space left on device)")
 
 
+def test_a_sweep_whose_second_job_fails_ends_with_one_line_per_failed_job(proxy_cache, tiny_dir, tmp_path):
+    """Job 1 reads a prompts file with a lone surrogate (found only by the run): its error is
+    one `[failed]` line as it ends and one in the short summary, nothing on stderr but the
+    progress bars, exit 2; the table is in its file, not printed."""
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text('{"prompt": "def f(x):"}\n')
+    bad.write_bytes(b'{"prompt": "ok \\ud800"}\n')
+    sweep = tmp_path / "sweep"
+    proc = run_module("harness", ["-m", *TINY, "tracking.enabled=false", "workload=jsonl",
+                                  f"workload.path={good},{bad}", f"hydra.sweep.dir={sweep}"], proxy_cache)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip() and "%|" not in ln] == []
+    summary = proc.stdout[proc.stdout.index("sweep summary"):].splitlines()
+    assert summary[0] == f"sweep summary ({sweep}): 1 of 2 jobs done, 1 failed; the table: {sweep / 'sweep_summary.md'}"
+    assert len(summary) == 2 and summary[1].startswith("[failed] #1: ") and "invalid Unicode" in summary[1]
+    assert proc.stdout.count("[failed] #1:") == 2 and (sweep / "sweep_summary.md").is_file()
+
+
 def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache, tiny_dir, tmp_path):
     """SIGKILL leaves the first sweep's parent RUNNING; resume=true in another dir reuses its
     result and ends that parent KILLED (superseded)."""
@@ -108,7 +135,7 @@ def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache,
     cache = tmp_path / "cache"  # its own resume index: only this test's results are reused
     (cache / "results").mkdir(parents=True)
     (cache / "proxies").symlink_to(proxy_cache / "proxies")
-    common = ["-m", *TINY, "decode.gen_length=8", "budget=55GB", "system=gpu_only,fiddler,mixtral_offload",
+    common = ["-m", *tiny_with("decode.gen_length=8"), "budget=55GB", "system=gpu_only,fiddler,mixtral_offload",
               f"tracking.uri={sqlite_uri(store)}", f"cache_dir={cache}"]
     old = tmp_path / "old"
     proc = process_wait.start([sys.executable, "-m", "harness", *common, f"hydra.sweep.dir={old}"], cwd=REPO,

@@ -244,3 +244,49 @@ def test_hydra_uses_the_harness_writer():
     hydra_files.install()
     assert utils._save_config is hydra_files.save_config
     assert not issubclass(hydra_files.HydraFileFailed, Exception)  # Hydra's `except Exception` lets it through
+
+
+# ---------------------------------------------------------------- keys twice, impossible positions
+
+
+@pytest.mark.parametrize("name", list(cases.REPEATED_KEYS))
+def test_a_key_given_twice_is_refused_naming_both(name, tmp_path):
+    argv, needle = cases.REPEATED_KEYS[name]
+    refused(precheck, needle, ["model=tiny", *argv, f"hydra.run.dir={tmp_path}/r"])
+
+
+def test_a_key_given_twice_with_one_value_is_accepted(tmp_path):
+    precheck(["model=tiny", "decode.gen_length=16", "decode.gen_length=16", f"hydra.run.dir={tmp_path}/r"])
+
+
+@pytest.mark.parametrize("name", list(cases.LLADA2_CONFIGS))
+def test_a_llada2_config_with_impossible_positions_is_refused(name, tiny_dir, tmp_path):
+    import shutil
+
+    from harness.model.checkpoint import from_pretrained
+
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir, directory)
+    changes, needle = cases.LLADA2_CONFIGS[name]
+    cases.edit_config(directory, changes)
+    refused(from_pretrained, needle, directory)
+
+
+@pytest.mark.parametrize("name", list(cases.FAMILY_CONFIGS))
+def test_a_family_config_with_impossible_positions_is_refused(name, tmp_path):
+    from harness.families.loading import load_pretrained
+
+    directory = cases.saved_family(tmp_path / "ckpt", "mixtral")
+    changes, needle = cases.FAMILY_CONFIGS[name]
+    cases.edit_config(directory, changes)
+    refused(load_pretrained, needle, directory)
+
+
+def test_a_sweep_lists_its_failed_jobs_one_line_each(tmp_path):
+    from harness.cli.callbacks import failed_lines
+
+    for job, error in (("10", "ten broke"), ("2", "two\\nbroke"), ("0", None)):
+        (tmp_path / job).mkdir()
+        if error is not None:
+            (tmp_path / job / "failed.json").write_text(json.dumps({"error": error.replace("\\n", "\n")}))
+    assert failed_lines(tmp_path) == ["[failed] #2: two broke", "[failed] #10: ten broke"]
