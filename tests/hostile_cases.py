@@ -1,6 +1,10 @@
 """Hostile inputs, round two (issue 30), for tests/unit/test_hostile_inputs.py: non-finite
 weights, files that load but are not what they claim, things that are not regular files,
-unwritable outputs. The first round's cases and helpers are in tests/bad_input_cases.py."""
+unwritable outputs; and round three (tests/unit/test_hostile_round_three.py,
+tests/unit/test_family_checkpoints.py, and ROUND_THREE through the command line in
+tests/integration/test_hostile_cli.py): the families' checkpoints, commands over sweeps,
+harness.profile's outputs, Ctrl-C during imports, keys given twice, impossible positions.
+The first round's cases and helpers are in tests/bad_input_cases.py."""
 
 from __future__ import annotations
 
@@ -402,3 +406,60 @@ def edit_config(directory: Path, changes: dict[str, Any]) -> None:
     raw = json.loads((directory / "config.json").read_text())
     raw.update(changes)
     (directory / "config.json").write_text(json.dumps(raw))
+
+
+# ---------------------------------------------------------------- round three through the command line
+
+# name -> (module, arguments ({placeholders}: round_three_files), what the one line holds, exit code);
+# the expected line is `error: ...` on stderr for exit 2, one `warning: ...` line for exit 0.
+# Cases the command line cannot set up are tested where they can be: Ctrl-C during imports
+# (STARTUP_INTERRUPTS), a store failing mid-run (test_hostile_round_three), a full disk under
+# .hydra and a sweep whose second job fails (tests/integration/test_hostile_cli.py).
+_RUN = ["decode.gen_length=4", "decode.block_length=4", "decode.steps=2", "limit_prompts=1", "tracking.enabled=false",
+        "cache_dir={tmp}/cache", "hydra.run.dir={tmp}/run"]
+ROUND_THREE: dict[str, tuple[str, list[str], str, int]] = {
+    "olmoe checkpoint with a NaN weight": ("harness", ["model=olmoe", "model.path={olmoe_nan}", *_RUN],
+                                           "holds NaN or Inf", 2),
+    "olmoe checkpoint cut in half": ("harness", ["model=olmoe", "model.path={olmoe_cut}", *_RUN], "is truncated", 2),
+    "mixtral checkpoint with 4 experts": ("harness", ["model=mixtral", "model.path={mixtral4}", *_RUN],
+                                          "num_experts=4 (experts per MoE layer) but model=mixtral", 2),
+    "sensitivity on a one-system sweep": ("harness.sensitivity", ["sweep={sweep1}", "tracking=false"],
+                                          "holds system tide only", 2),
+    "report on foreign results only": ("harness.report", ["--runs", "{foreign}", "--out", "{tmp}/r1"],
+                                       "not a result of this harness", 2),
+    "report beside a foreign result": ("harness.report", ["--runs", "{mixed}", "--out", "{tmp}/r2"],
+                                       "warning: skipped", 0),
+    "profile over an existing profile": ("harness.profile", ["model=tiny", "out={profile}", "json={tmp}/p.json"],
+                                         "already holds a profile", 2),
+    "topology.n_gpus=0": ("harness", ["model=tiny", "topology.n_gpus=0", *_RUN], "leave topology.n_gpus out", 2),
+    "a key given twice": ("harness", ["model=tiny", "decode.gen_length=16", "decode.gen_length=32", *_RUN[1:]],
+                          "decode.gen_length is given twice", 2),
+    "LLaDA2 config with an odd rotary dimension": ("harness", ["model=tiny", "model.path={llada_rotary}", *_RUN],
+                                                   "rotary dimension of 5", 2),
+    "LLaDA2 config with 10**12 positions": ("harness", ["model=tiny", "model.path={llada_positions}", *_RUN],
+                                            "max_position_embeddings=1000000000000", 2),
+}
+
+
+def round_three_files(tmp: Path, tiny_dir: Path) -> dict[str, str]:
+    """The files the ROUND_THREE cases name."""
+    from tests.family_models import published_routing_model
+
+    _, model = published_routing_model("olmoe")
+    for name, damage in (("olmoe_nan", FAMILY_DAMAGE["a NaN weight"][0]), ("olmoe_cut", truncate_shards)):
+        model.save_pretrained(str(tmp / name))
+        damage(tmp / name)
+    saved_family(tmp / "mixtral4", "mixtral")
+    one_system_sweep(tmp / "s1")
+    for name, results in (("foreign", [FOREIGN_RESULT]), ("mixed", [FOREIGN_RESULT, HARNESS_RESULT])):
+        for i, result in enumerate(results):
+            (tmp / name / str(i)).mkdir(parents=True)
+            (tmp / name / str(i) / "result.json").write_text(json.dumps(result))
+    (tmp / "box.yaml").write_text("name: mine\n")
+    for name, changes in (("llada_rotary", LLADA2_CONFIGS["an odd rotary dimension"][0]),
+                          ("llada_positions", LLADA2_CONFIGS["max_position_embeddings 10**12"][0])):
+        shutil.copytree(tiny_dir, tmp / name)
+        edit_config(tmp / name, changes)
+    names = ("olmoe_nan", "olmoe_cut", "mixtral4", "foreign", "mixed", "llada_rotary", "llada_positions")
+    return {"tmp": str(tmp), "sweep1": str(tmp / "s1" / "sweep"), "profile": str(tmp / "box.yaml"),
+            **{n: str(tmp / n) for n in names}}

@@ -1,6 +1,8 @@
-"""Hostile input round two (issue 30) through the real command line: Hydra's own usage
+"""Hostile input rounds two and three through the real command line: Hydra's own usage
 errors as one line and exit 2, a glob sweep that runs, Ctrl-C in a sweep as one line and
-exit 130 with the parent run ended. Subprocesses: the slow tier."""
+exit 130 with the parent run ended, a full disk under the run dir and under .hydra, a sweep
+whose second job fails, and round three's catalogue (tests/hostile_cases.py ROUND_THREE),
+each with its one line and exit code. Subprocesses: the slow tier."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tests.harness_cli import (
     sqlite_uri,
     tiny_with,
 )
+from tests.hostile_cases import ROUND_THREE, round_three_files
 from tests.unit.test_sensitivity import small_sweep
 
 pytestmark = pytest.mark.slow
@@ -192,3 +195,17 @@ def test_ctrl_c_during_a_parallel_sensitivity_ends_its_workers(proxy_cache, tiny
         time.sleep(0.05)
     assert all(_gone(w) for w in workers)
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def round_three(proxy_cache, tiny_dir, tmp_path_factory):
+    return round_three_files(tmp_path_factory.mktemp("round3"), tiny_dir)
+
+
+@pytest.mark.parametrize("name", list(ROUND_THREE))
+def test_round_three_catalogue_is_one_line_with_its_exit_code(name, round_three, proxy_cache):
+    module, args, needle, code = ROUND_THREE[name]
+    proc = run_module(module, [a.format(**round_three) for a in args], proxy_cache)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "%|" not in ln]
+    assert proc.returncode == code and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
+    assert lines[0].startswith("error: " if code == 2 else "warning: ") and "Traceback" not in proc.stderr
