@@ -9,6 +9,10 @@ callable). They are loaded on first use (PEP 562 module __getattr__) so that
 import importlib
 from typing import Any
 
+from harness.common.interrupts import guard_startup
+
+guard_startup()  # a command: Ctrl-C during its imports is one line and exit 130 (not in a notebook)
+
 __version__ = "0.1.0"
 
 _API = {"run": "harness.api", "sweep": "harness.api"}

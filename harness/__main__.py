@@ -10,7 +10,6 @@ prints one line (what was saved, how to resume) and exits 130.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -20,8 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness.cli import callbacks
+from harness.cli import callbacks, hydra_files
 from harness.cli.help import help_text
+from harness.cli.hydra_files import HydraFileFailed
 from harness.cli.overrides import precheck, typed_config
 from harness.common.errors import HarnessError, OutputError
 from harness.common.files import write_json_atomic
@@ -60,11 +60,13 @@ def main(cfg: DictConfig) -> None:
             f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())[:300]} (a bug: please report it)"
         if isinstance(exc, OutputError):
             message += f"; saved in {run_dir}: {saved_files(run_dir)}"
-        print(f"error: {message}", file=sys.stderr)
-        if in_sweep:
-            with contextlib.suppress(OSError):  # on a full disk failed.json may not fit either
+        if in_sweep:  # the sweep prints it as the job's `[failed]` line, and again in its summary
+            try:
                 write_json_atomic(os.path.join(run_dir, "failed.json"), {"error": message})
+            except OSError:  # on a full disk failed.json may not fit either: say it here
+                print(f"error: {message}", file=sys.stderr)
             return
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     for line in result.summary_lines(config.show_text, config.show_wall):
         print(line)
@@ -89,9 +91,15 @@ def entry() -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     install_sigint_handler()
+    hydra_files.install()  # Hydra's .hydra/*.yaml written atomically, a full disk there one line
     try:
         main()
         raise_if_interrupted()
+    except HydraFileFailed as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -16,6 +16,8 @@ Writes: the YAML profile at `out` (every HardwareConfig field, each constant wit
 source: "measured on <host> ...: <this command>"; without CUDA the GPU and PCIe figures
 are a100_pcie4's, with their sources), its details beside it (`<out>.json`), and the
 entry `hardware=local` reads (`json`, default conf/hardware/local.yaml's profile_path).
+The outputs are probed before anything is measured, and a profile already there is
+replaced only with overwrite=true (docs/bad-input.md).
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import torch
 import yaml
 
 from harness.accounting.cost import BYTES_PER_PARAM, CostModel, HardwareConfig, expert_shape
-from harness.accounting.profiling import _expert_latency, load_hardware, profile_local
+from harness.accounting.profiling import _expert_latency, load_hardware, profile_local, read_profile
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError, exit_with
 from harness.common.files import write_atomic, write_json_atomic
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.common.paths import file_kind, probe_output_dir
 from harness.job.config import register_configs
 from harness.placement.system import MoEGeometry
 from harness.zoo.entry import nominal_geometry
@@ -48,6 +51,7 @@ COMMAND = KeyValueCommand("python -m harness.profile", "measure this machine int
     Option("dense_max", "the dense check: every token count from 1 to this", "64"),
     Option("reps", "timing repetitions per point", "5"),
     Option("json", "the entry hardware=local reads", "outputs/cache/hardware/local.json"),
+    Option("overwrite", "replace a profile already at out= (or this shape's entry in json=)", "false"),
 ], example="python -m harness.profile model=flash out=conf/hardware/mybox.yaml name=mybox")
 MEMORY_BYTES = 1 << 28  # a copy far larger than any last-level cache
 
@@ -112,19 +116,44 @@ def _int(options: dict[str, str], key: str) -> int:
         raise HarnessError(f"{key}={options[key]!r} must be an integer") from None
 
 
+def check_outputs(options: dict[str, str], shape: str) -> None:
+    """Before measuring (tens of seconds): every output is a file (or nothing yet) in a
+    directory this user can write, and no profile already there is replaced unless
+    overwrite=true (json= is what hardware=local reads; docs/bad-input.md)."""
+    if options["overwrite"].lower() not in ("true", "false"):
+        raise HarnessError(f"overwrite={options['overwrite']!r} must be true or false")
+    overwrite = options["overwrite"].lower() == "true"
+    out = Path(options["out"])
+    for key, path in (("out", out), ("out", out.with_suffix(out.suffix + ".json")), ("json", Path(options["json"]))):
+        kind = file_kind(path)
+        if kind not in ("missing", "file"):
+            raise HarnessError(f"{key}={path} is {kind}; give a file path for the profile")
+        probe_output_dir(path.parent, key, create=False)
+    if overwrite:
+        return
+    if out.exists():
+        raise HarnessError(f"out={out} already holds a profile; give another out= or add overwrite=true to replace it")
+    existing = read_profile(Path(options["json"]))
+    if existing is not None and shape in existing["shapes"]:
+        raise HarnessError(f"json={options['json']} already holds this machine's profile of expert shape {shape}, "
+                           "which hardware=local reads; give another json= or add overwrite=true to replace it")
+
+
 def main(argv: list[str]) -> int:
     options = parse(argv)
     register_configs()
     cfg = compose_checked([f"model={options['model']}", "hardware=local", f"hardware.profile_path={options['json']}"])
     geometry = nominal_geometry(cfg.model)
+    reps, max_tokens, dense_max = _int(options, "reps"), _int(options, "max_tokens"), _int(options, "dense_max")
+    check_outputs(options, expert_shape(geometry))  # in the first second, not after the measurements
     command = "python -m harness.profile " + " ".join(argv) if argv else "python -m harness.profile"
-    reps, tokens = _int(options, "reps"), tile_tokens(_int(options, "max_tokens"))
+    tokens = tile_tokens(max_tokens)
     print(f"profiling expert shape {expert_shape(geometry)} (model={options['model']}) on {platform.node()} "
           f"with {torch.get_num_threads()} threads: CPU table at {tokens} tokens", file=sys.stderr)
     mem_gbps = host_memory_gbps()
     profile = profile_local(geometry, options["json"], reps, tokens, command, {"host_memory_gbps": mem_gbps})
     hw = load_hardware(cfg.hardware, geometry)  # the entry just written, as hardware=local reads it
-    dense = dense_check(geometry, hw, _int(options, "dense_max"), max(1, reps // 2))
+    dense = dense_check(geometry, hw, dense_max, max(1, reps // 2))
     fitted = fitted_cpu_roofline(geometry, hw.cpu_table_tokens, hw.cpu_table_seconds, mem_gbps)
     where = hw.sources["cpu_table_seconds"]
     sources = {**hw.sources, **{k: f"{where} (fitted to the CPU table's ends and the host copy bandwidth; "

@@ -344,3 +344,10 @@ def expect_tool_error(main: Callable[[list[str]], int], argv: list[str], needle:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1, text
     assert lines[0].startswith("error:") and needle in lines[0], text
+
+
+def tiny_unless_model(overrides: list[str]) -> list[str]:
+    """model=tiny first, unless the overrides choose the model (a key is given once: the
+    command line refuses it twice)."""
+    chosen = any(o.split("=", 1)[0].lstrip("+") == "model" for o in overrides)
+    return list(overrides) if chosen else ["model=tiny", *overrides]

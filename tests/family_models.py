@@ -57,3 +57,12 @@ def forward_logits(adapter: FamilyAdapter, model: torch.nn.Module, ids: torch.Te
         half = ids.shape[1] // 2
         cache = DynamicCache(config=model.config.get_text_config(decoder=True))
         return model(input_ids=ids[:, :half], decoder_input_ids=ids[:, half:], cache=cache).logits
+
+
+def published_routing_model(name: str = "olmoe", seed: int = 0) -> tuple[FamilyAdapter, torch.nn.Module]:
+    """A model of family `name` with its published routing (layers, experts, top-k) at the
+    tiny widths: what `model=<name> model.path=...` accepts (the engine is sized by it)."""
+    widths = {k: v for k, v in TINY[name].items()
+              if k in (*_ATTN, "intermediate_size", "moe_intermediate_size")}
+    adapter = family_adapter(name)
+    return adapter, new_model(adapter, proxy_config(name, VOCAB, IDS, widths), seed)

@@ -18,6 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 # the smallest decode that still runs a prefill, denoising steps and a commit
 TINY = ["model=tiny", "decode.gen_length=4", "decode.block_length=4", "decode.steps=2", "limit_prompts=1",
         "show_text=false"]
+
+
+def tiny_with(*overrides: str) -> list[str]:
+    """TINY with some of its values replaced (the command line refuses a key given twice)."""
+    keys = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    return [*(t for t in TINY if t.split("=", 1)[0] not in keys), *overrides]
+
+
 SYSTEMS = "system=gpu_only,mixtral_offload"
 BUDGETS = "budget=10GB,18GB"
 

@@ -1,6 +1,10 @@
 """Hostile inputs, round two (docs/bad-input.md), for tests/unit/test_hostile_inputs.py: non-finite
 weights, files that load but are not what they claim, things that are not regular files,
-unwritable outputs. The first round's cases and helpers are in tests/bad_input_cases.py."""
+unwritable outputs; and round three (tests/unit/test_hostile_round_three.py,
+tests/unit/test_family_checkpoints.py, and ROUND_THREE through the command line in
+tests/integration/test_hostile_cli.py): the families' checkpoints, commands over sweeps,
+harness.profile's outputs, Ctrl-C during imports, keys given twice, impossible positions.
+The first round's cases and helpers are in tests/bad_input_cases.py."""
 
 from __future__ import annotations
 
@@ -288,3 +292,174 @@ def _digest(tokens: Any) -> str:
 REFERENCE_DAMAGE = ("a token edited", "another key", "no key", "no digest", "one prompt missing", "a row too short",
                     "a float token", "a negative token", "a bool token", "tokens a string", "a JSON list",
                     "truncated", "a FIFO", "a directory")
+
+
+# ---------------------------------------------------------------- the transformers families' checkpoints
+
+
+def saved_family(directory: Path, name: str) -> Path:
+    """The tiny model of family `name` (tests/family_models.py) saved by transformers'
+    save_pretrained, as a checkpoint someone would pass as model.path."""
+    from tests.family_models import tiny_model
+
+    _, model = tiny_model(name)
+    model.save_pretrained(str(directory))
+    return directory
+
+
+def first_weight(directory: Path) -> str:
+    """The name of the first floating tensor of a saved checkpoint (the embeddings)."""
+    return sorted(name for name in index_checkpoint(directory) if "embed" in name)[0]
+
+
+def truncate_shards(directory: Path) -> None:
+    """Cut every safetensors file of the checkpoint in half (an interrupted download)."""
+    for shard in directory.glob("*.safetensors"):
+        size = shard.stat().st_size
+        with shard.open("r+b") as f:
+            f.truncate(size // 2)
+
+
+FAMILY_DAMAGE: dict[str, tuple[Callable[[Path], Any], str]] = {
+    "a NaN weight": (lambda d: poison(d, first_weight(d), "nan", 3), "holds NaN or Inf"),
+    "an Inf weight": (lambda d: poison(d, first_weight(d), "inf", 0), "holds NaN or Inf"),
+    "weights cut in half": (truncate_shards, "is truncated"),
+}
+
+
+# ---------------------------------------------------------------- round three: commands over sweeps and outputs
+
+
+HARNESS_RESULT = {  # the fields a report row reads
+    "schema": 1, "system": "tide", "model": "mini", "weights": "proxy", "timing": "modeled", "hardware": "a100_pcie4",
+    "budget": {"name": "10GB", "experts_per_layer": 64},
+    "config": {"model": {"name": "mini"}, "decode": {"gen_length": 32, "block_length": 32, "cache": "prefix"},
+               "system": {"name": "tide"}, "budget": {"name": "10GB"}},
+    "metrics": {"tokens_per_s": 100.0, "miss_rate": 0.2, "io_gb": 0.1, "lossless": 1}}
+FOREIGN_RESULT = {"model_name": "bert-base", "accuracy": 0.91, "results": [{"task": "mnli", "acc": 0.84}]}
+
+
+def one_system_sweep(root: Path, system: str = "tide") -> Path:
+    """A replay sweep dir holding one finished job of one system (hand-written result)."""
+    job = root / "sweep" / "0"
+    (job / ".hydra").mkdir(parents=True)
+    overrides = ["model=tiny", "source=trace", f"system={system}", "tracking.enabled=false"]
+    (job / ".hydra" / "overrides.yaml").write_text("\n".join(f"- {o}" for o in overrides) + "\n")
+    (job / "result.json").write_text(json.dumps({
+        "schema": 1, "system": system, "model": "tiny", "source": "trace", "metrics": {"tokens_per_s": 10.0},
+        "config": {"system": {"name": system}}, "budget": {"name": "custom"}}))
+    return root / "sweep"
+
+
+# ---------------------------------------------------------------- Ctrl-C during a command's imports
+
+# `python -m <module> <args>` with a SIGINT sent to itself when <target> is first imported: a
+# Ctrl-C at a known point of the imports, without timing (a meta path finder that only watches)
+INTERRUPTED_IMPORT = """
+import os, runpy, signal, sys
+module, target, *args = sys.argv[1:]
+class Interrupt:
+    def find_spec(self, name, path=None, target_module=None):
+        if name == target:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["-m", *args]  # what python -m shows while it imports the module's package
+runpy._run_module_as_main(module)
+"""
+
+# (module, the import during which Ctrl-C comes, arguments)
+STARTUP_INTERRUPTS = {
+    "harness, importing hydra": ("harness", "hydra", ["model=tiny"]),
+    "harness, importing torch": ("harness", "torch", ["model=tiny"]),
+    "harness, importing mlflow's store": ("harness", "harness.tracking.mlflow_store", ["model=tiny"]),
+    "harness.sensitivity, importing torch": ("harness.sensitivity", "torch", ["sweep=nowhere"]),
+    "harness.report, importing pandas": ("harness.report", "pandas", ["--runs", "nowhere"]),
+    "harness.profile, importing yaml": ("harness.profile", "yaml", []),
+}
+
+
+# ---------------------------------------------------------------- the last of issue 39's catalogue
+
+REPEATED_KEYS = {
+    "decode.gen_length twice": (["decode.gen_length=16", "decode.steps=4", "decode.gen_length=32"],
+                                "decode.gen_length is given twice (decode.gen_length=16 and decode.gen_length=32)"),
+    "a + key then the key": (["+seed_note=1", "seed_note=2"], "seed_note is given twice"),
+    "system twice": (["system=tide", "system=fiddler"], "system is given twice"),
+}
+
+# config.json edits of a LLaDA2 checkpoint (tiny) and of a family's (tiny mixtral) refused in one line
+LLADA2_CONFIGS = {
+    "an odd rotary dimension": ({"head_dim": 10, "partial_rotary_factor": 0.5}, "rotary dimension of 5"),
+    "a zero rotary dimension": ({"partial_rotary_factor": 0.01}, "rotary dimension of 0"),
+    "max_position_embeddings 10**12": ({"max_position_embeddings": 10**12}, "max_position_embeddings=1000000000000"),
+}
+FAMILY_CONFIGS = {
+    "an odd head_dim": ({"head_dim": 15}, "rotary dimension of 15"),
+    "an odd partial rotary dimension": ({"partial_rotary_factor": 0.3125}, "rotary dimension of 5"),
+    "max_position_embeddings 10**12": ({"max_position_embeddings": 10**12}, "max_position_embeddings=1000000000000"),
+    "max_position_embeddings 0": ({"max_position_embeddings": 0}, "max_position_embeddings"),
+}
+
+
+def edit_config(directory: Path, changes: dict[str, Any]) -> None:
+    raw = json.loads((directory / "config.json").read_text())
+    raw.update(changes)
+    (directory / "config.json").write_text(json.dumps(raw))
+
+
+# ---------------------------------------------------------------- round three through the command line
+
+# name -> (module, arguments ({placeholders}: round_three_files), what the one line holds, exit code);
+# the expected line is `error: ...` on stderr for exit 2, one `warning: ...` line for exit 0.
+# Cases the command line cannot set up are tested where they can be: Ctrl-C during imports
+# (STARTUP_INTERRUPTS), a store failing mid-run (test_hostile_round_three), a full disk under
+# .hydra and a sweep whose second job fails (tests/integration/test_hostile_cli.py).
+_RUN = ["decode.gen_length=4", "decode.block_length=4", "decode.steps=2", "limit_prompts=1", "tracking.enabled=false",
+        "cache_dir={tmp}/cache", "hydra.run.dir={tmp}/run"]
+ROUND_THREE: dict[str, tuple[str, list[str], str, int]] = {
+    "olmoe checkpoint with a NaN weight": ("harness", ["model=olmoe", "model.path={olmoe_nan}", *_RUN],
+                                           "holds NaN or Inf", 2),
+    "olmoe checkpoint cut in half": ("harness", ["model=olmoe", "model.path={olmoe_cut}", *_RUN], "is truncated", 2),
+    "mixtral checkpoint with 4 experts": ("harness", ["model=mixtral", "model.path={mixtral4}", *_RUN],
+                                          "num_experts=4 (experts per MoE layer) but model=mixtral", 2),
+    "sensitivity on a one-system sweep": ("harness.sensitivity", ["sweep={sweep1}", "tracking=false"],
+                                          "holds system tide only", 2),
+    "report on foreign results only": ("harness.report", ["--runs", "{foreign}", "--out", "{tmp}/r1"],
+                                       "not a result of this harness", 2),
+    "report beside a foreign result": ("harness.report", ["--runs", "{mixed}", "--out", "{tmp}/r2"],
+                                       "warning: skipped", 0),
+    "profile over an existing profile": ("harness.profile", ["model=tiny", "out={profile}", "json={tmp}/p.json"],
+                                         "already holds a profile", 2),
+    "topology.n_gpus=0": ("harness", ["model=tiny", "topology.n_gpus=0", *_RUN], "leave topology.n_gpus out", 2),
+    "a key given twice": ("harness", ["model=tiny", "decode.gen_length=16", "decode.gen_length=32", *_RUN[1:]],
+                          "decode.gen_length is given twice", 2),
+    "LLaDA2 config with an odd rotary dimension": ("harness", ["model=tiny", "model.path={llada_rotary}", *_RUN],
+                                                   "rotary dimension of 5", 2),
+    "LLaDA2 config with 10**12 positions": ("harness", ["model=tiny", "model.path={llada_positions}", *_RUN],
+                                            "max_position_embeddings=1000000000000", 2),
+}
+
+
+def round_three_files(tmp: Path, tiny_dir: Path) -> dict[str, str]:
+    """The files the ROUND_THREE cases name."""
+    from tests.family_models import published_routing_model
+
+    _, model = published_routing_model("olmoe")
+    for name, damage in (("olmoe_nan", FAMILY_DAMAGE["a NaN weight"][0]), ("olmoe_cut", truncate_shards)):
+        model.save_pretrained(str(tmp / name))
+        damage(tmp / name)
+    saved_family(tmp / "mixtral4", "mixtral")
+    one_system_sweep(tmp / "s1")
+    for name, results in (("foreign", [FOREIGN_RESULT]), ("mixed", [FOREIGN_RESULT, HARNESS_RESULT])):
+        for i, result in enumerate(results):
+            (tmp / name / str(i)).mkdir(parents=True)
+            (tmp / name / str(i) / "result.json").write_text(json.dumps(result))
+    (tmp / "box.yaml").write_text("name: mine\n")
+    for name, changes in (("llada_rotary", LLADA2_CONFIGS["an odd rotary dimension"][0]),
+                          ("llada_positions", LLADA2_CONFIGS["max_position_embeddings 10**12"][0])):
+        shutil.copytree(tiny_dir, tmp / name)
+        edit_config(tmp / name, changes)
+    names = ("olmoe_nan", "olmoe_cut", "mixtral4", "foreign", "mixed", "llada_rotary", "llada_positions")
+    return {"tmp": str(tmp), "sweep1": str(tmp / "s1" / "sweep"), "profile": str(tmp / "box.yaml"),
+            **{n: str(tmp / n) for n in names}}

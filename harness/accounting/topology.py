@@ -59,11 +59,10 @@ class TopologyConfig:
             raise HarnessError(f"topology.variability={self.variability!r} is not allowed; use one of "
                                f"{', '.join(VARIABILITY_SPREAD)}")
         if self.name == "single":
-            if self.n_gpus != 1:
-                raise HarnessError(
-                    f"topology=single has one GPU (got topology.n_gpus={self.n_gpus}); use topology=multi "
-                    f"topology.n_gpus={self.n_gpus}"
-                )
+            if self.n_gpus != 1:  # the fix suggested is one the check accepts
+                fix = ("leave topology.n_gpus out (it is 1)" if self.n_gpus < 2 else
+                       f"use topology=multi topology.n_gpus={min(self.n_gpus, MAX_GPUS)}")
+                raise HarnessError(f"topology=single has one GPU (got topology.n_gpus={self.n_gpus}); {fix}")
             return
         if not 2 <= self.n_gpus <= MAX_GPUS:
             raise HarnessError(f"topology.n_gpus={self.n_gpus} must be between 2 and {MAX_GPUS} with topology=multi "

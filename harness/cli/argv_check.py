@@ -10,7 +10,9 @@ code 1, cannot expand a `glob(...)` sweep without its config loader, and enumera
   becomes `system=tide,tide_adaptive,tide_sequential`), so the precheck, the sweep callback
   and Hydra all see the same list;
 - the number of jobs is counted without enumerating ranges; more than `sweep.max_jobs`
-  (10,000 unless given on the command line, where this module removes it) is refused.
+  (10,000 unless given on the command line, where this module removes it) is refused;
+- a key given twice with different values (`decode.gen_length=16 ... decode.gen_length=32`,
+  of which Hydra silently keeps the last) is refused, naming both.
 """
 
 from __future__ import annotations
@@ -148,3 +150,18 @@ def range_ends(override: Override) -> list[Any]:
     if isinstance(value.start, int) and isinstance(value.step, int):
         return [value.start, last] if n > 1 else [value.start]
     return [float(value.start), float(last)] if n > 1 else [float(value.start)]
+
+
+def check_repeated_keys(overrides: list[str]) -> None:
+    """One value per key: Hydra keeps the last of two and says nothing, so a long command
+    line that sets a key twice runs something else than one of its readers thinks."""
+    seen: dict[str, str] = {}
+    for override in overrides:
+        if "=" not in override or override.startswith("~"):
+            continue
+        key = override.split("=", 1)[0].lstrip("+")
+        if key in seen and seen[key] != override.lstrip("+"):
+            raise HarnessError(f"{key} is given twice ({seen[key]} and {override.lstrip('+')}); give it once (for a "
+                               f"sweep over both values: -m {key}={seen[key].split('=', 1)[1]},"
+                               f"{override.split('=', 1)[1]})")
+        seen[key] = override.lstrip("+")

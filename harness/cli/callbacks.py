@@ -142,7 +142,12 @@ class SweepCallback(Callback):
             print(f"warning: the sweep summary was not written to {directory} ({exc.strerror or exc}); the jobs' "
                   "results are in their dirs: python -m harness.report --runs " + str(directory), file=sys.stderr)
             files, records = [], []
-        if records:
+        if records and FAILED_JOBS:  # what went wrong, one line a job; the table is in its file
+            print(f"sweep summary ({directory}): {len(records) - FAILED_JOBS} of {len(records)} jobs done, "
+                  f"{FAILED_JOBS} failed; the table: {directory / SUMMARY_MD}")
+            for line in failed_lines(directory):
+                print(line)
+        elif records:
             print(f"sweep summary ({directory}):")
             print((directory / SUMMARY_MD).read_text(), end="")
         if self.parent_run_id is None:
@@ -168,6 +173,22 @@ class SweepCallback(Callback):
         if self.guard is not None:
             self.guard.release()
         self.parent_run_id, self.guard = None, None
+
+
+def failed_lines(directory: Path) -> list[str]:
+    """`[failed] #<job>: <its one-line error>` for every job of the sweep that failed, in job order."""
+    def number(path: Path) -> tuple[int, str]:
+        name = path.parent.name
+        return (int(name), name) if name.isdigit() else (1 << 62, name)
+
+    lines = []
+    for marker in sorted(directory.glob("*/failed.json"), key=number):
+        try:
+            error = " ".join(str(read_json(marker).get("error", "")).split())
+        except (OSError, ValueError, AttributeError):
+            error = "failed (its failed.json is unreadable)"
+        lines.append(f"[failed] #{marker.parent.name}: {error}")
+    return lines
 
 
 def skipped_by_resume(run_dir: Path) -> bool:

@@ -22,7 +22,14 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.cli.argv_check import check_flags, check_job_count, expand_globs, range_ends, split_max_jobs
+from harness.cli.argv_check import (
+    check_flags,
+    check_job_count,
+    check_repeated_keys,
+    expand_globs,
+    range_ends,
+    split_max_jobs,
+)
 from harness.cli.hints import config_keys, refuse_schema_options, refuse_sweep_without_multirun, with_hint
 from harness.common.errors import HarnessError
 from harness.common.paths import probe_output_dir, probe_output_parent
@@ -129,6 +136,7 @@ def precheck(argv: list[str]) -> list[str]:
     overrides = user_overrides(argv)
     if overrides is None:
         return argv
+    check_repeated_keys(overrides)
     refuse_schema_options(overrides)
     refuse_sweep_without_multirun(argv, overrides)
     check_job_count(overrides, max_jobs)

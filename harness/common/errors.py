@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from harness.common.interrupts import end_startup
+
 
 class HarnessError(Exception):
     """Bad input or a broken artifact (config, checkpoint, prompts file, trace)."""
@@ -32,7 +34,8 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 def exit_with(main: Callable[[list[str]], int], argv: list[str]) -> NoReturn:
     """Run a command-line `main(argv)` and exit with its code; a `HarnessError` (or a write
     that failed on a full or read-only disk) becomes one line on stderr and exit code 2,
-    Ctrl-C one line and exit code 130."""
+    Ctrl-C one line and exit code 130 (during the imports before it: harness/common/interrupts.py)."""
+    end_startup()
     try:
         code = main(argv)
     except HarnessError as exc:

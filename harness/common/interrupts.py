@@ -6,11 +6,18 @@ half-way, for one), the finally's exception replaces the KeyboardInterrupt, an
 `except Exception` further up takes it for an ordinary failure (an MLflow logging warning),
 and a sweep goes on to exit 0 as if nobody had pressed Ctrl-C. So the handler also records
 that SIGINT arrived, and the entry point asks at each job boundary.
+
+Before that handler is in place, a command spends seconds importing (Hydra, torch, MLflow):
+`guard_startup`, installed by `import harness` when the process is a command, makes a Ctrl-C
+there one line and exit 130 instead of a traceback from whatever module was loading
+(docs/bad-input.md). Nothing is written during imports, so there is nothing to save.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -22,11 +29,51 @@ def on_sigint(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def install_sigint_handler() -> None:
-    """Record Ctrl-C as well as raising it; only where Python's own handler is in place
-    (a SIGINT that the shell ignores, e.g. a background job, stays ignored)."""
+STARTUP_LINE = b"interrupted: while starting, before anything was written; run the command again\n"
+
+
+def on_startup_sigint(signum: int, frame: Any) -> None:
+    """Ctrl-C during a command's imports: one line, exit 130, no traceback and no cleanup
+    (a half-imported module has nothing to flush)."""
+    _received.set()
+    os.write(2, STARTUP_LINE)
+    os._exit(130)
+
+
+def is_command(argv: list[str]) -> bool:
+    """Whether this process runs one of the harness's commands: `python -m harness...`
+    (argv[0] is "-m" while Python imports the package holding the module) or a `harness*`
+    console script; not a notebook or a program that imports the API."""
+    if not argv:
+        return False
+    return argv[0] == "-m" or os.path.basename(argv[0]).startswith("harness")
+
+
+def guard_startup(argv: list[str] | None = None) -> None:
+    """Make Ctrl-C one line and exit 130 from here until the command's own handling starts
+    (`end_startup`, `install_sigint_handler`); only in a command, and only where Python's
+    own handler is in place."""
+    if is_command(sys.argv if argv is None else argv) and _default_handler_in_place():
+        signal.signal(signal.SIGINT, on_startup_sigint)
+
+
+def end_startup() -> None:
+    """The imports are done: Ctrl-C raises KeyboardInterrupt again, for the command to report."""
     if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.getsignal(signal.SIGINT) is on_startup_sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _default_handler_in_place() -> bool:
+    return threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def install_sigint_handler() -> None:
+    """Record Ctrl-C as well as raising it; only where Python's own handler (or the startup
+    guard) is in place (a SIGINT that the shell ignores, e.g. a background job, stays ignored)."""
+    end_startup()
+    if _default_handler_in_place():
         signal.signal(signal.SIGINT, on_sigint)
 
 

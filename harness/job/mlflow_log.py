@@ -25,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from harness.common.errors import HarnessError, OneLineParser
-from harness.common.interrupts import raise_if_interrupted
+from harness.common.interrupts import end_startup, raise_if_interrupted
 from harness.common.keyvalue import as_flags, program_name
 from harness.common.paths import require_regular_file
 from harness.job.resume import config_hash, index_result
@@ -283,6 +283,7 @@ def check_results_readable(roots: list[Path]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    end_startup()  # the imports are done: Ctrl-C is the command's own from here
     prog = program_name("python -m harness.tracking")
     parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0],
                            epilog="Arguments are key=value (uri=..., experiment=...), as every harness command takes "

@@ -11,6 +11,9 @@ from pathlib import Path
 from harness.common.errors import HarnessError
 from harness.common.paths import file_kind, require_regular_file
 
+# more positions than any published model serves (10M at most): a corrupt or hand-edited config
+MAX_POSITIONS = 1 << 24
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_MASK_ID = 156895
 DEFAULT_EOS_ID = 156892
@@ -232,8 +235,13 @@ class LLaDA2Config(ParamTotals):
             raise HarnessError("num_experts_per_tok exceeds the experts in the kept groups")
         if self.num_attention_heads % self.num_key_value_heads:
             raise HarnessError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
-            raise HarnessError(f"rotary dim {self.rotary_dim} must be even and <= head_dim")
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise HarnessError(f"config.json gives a rotary dimension of {self.rotary_dim} (head_dim={self.head_dim} x "
+                               f"partial_rotary_factor={self.partial_rotary_factor}); RoPE rotates pairs, so it must "
+                               "be even, positive and at most head_dim")
+        if self.max_position_embeddings > MAX_POSITIONS:
+            raise HarnessError(f"config.json has max_position_embeddings={self.max_position_embeddings}; at most "
+                               f"{MAX_POSITIONS} (2**24) positions are served, the checkpoint's config is corrupt")
 
         for name in ("mask_token_id", "eos_token_id"):
             if getattr(self, name) >= self.vocab_size:

@@ -13,7 +13,7 @@ import yaml
 
 from harness.job.resume import resumed_result_path
 from harness.report.markdown import pipe_table
-from harness.report.tables import LABELS, cell_text
+from harness.report.tables import LABELS, cell_text, harness_result
 from harness.results.records import record_from_result
 from harness.results.run_result import RunIdentity, RunResult
 
@@ -60,7 +60,7 @@ def sweep_records(sweep_dir: Path) -> list[dict[str, Any]]:
         prior = resumed_result_path(job)
         path, status = (job / "result.json", "ok") if (job / "result.json").is_file() else (prior, "skipped")
         try:
-            record = record_from_result(RunResult.from_json(path), str(path), status=status)
+            record = record_from_result(harness_result(path), str(path), status=status)
         except (OSError, ValueError, TypeError, AttributeError):
             record = record_from_result(RunResult(RunIdentity()), str(job), status="failed")
         records.append({**record, "job": _job_number(job.name)[0], "overrides": varies})

@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from harness.common.errors import HarnessError, OneLineParser, check_output_dir
+from harness.common.interrupts import end_startup
 from harness.common.keyvalue import as_flags, program_name
 from harness.common.paths import file_kind, probe_output_dir
 from harness.job.resume import RESUMED_FILE, resumed_result_path
@@ -79,8 +80,18 @@ LABELS = {"tokens_per_s": "tok/s", "tokens_per_s_ci": "±95% CI (prompts)",
 # --------------------------------------------------------------------------- records
 
 
-def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
-    """Every result.json (and resume pointer) under the roots, one record per distinct result."""
+def harness_result(path: Path) -> RunResult:
+    """The run result at `path`, or a ValueError when the file is JSON but not a result of this
+    harness (another tool's result.json): one without its system and its metrics."""
+    result = RunResult.from_json(path)
+    if not (isinstance(result.identity.system, str) and result.identity.system and result.metrics):
+        raise ValueError("not a result of this harness (it has no system and metrics)")
+    return result
+
+
+def records_from_dirs(roots: list[Path], skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every result.json (and resume pointer) under the roots, one record per distinct result;
+    a file that is not a result of this harness is left out, with a line in `skipped`."""
 
     seen: dict[str, dict[str, Any]] = {}
     for path in [*find_files(roots, RESULT_FILE), *find_files(roots, RESUMED_FILE)]:
@@ -88,9 +99,12 @@ def records_from_dirs(roots: list[Path]) -> list[dict[str, Any]]:
         if target is None or not target.is_file() or str(target.resolve()) in seen:
             continue
         try:
-            result = RunResult.from_json(target)
-        except (OSError, ValueError, TypeError, AttributeError, KeyError, HarnessError):
-            continue  # a damaged file, or a JSON value that is not a result object, is not a run
+            result = harness_result(target)
+        except (OSError, ValueError, TypeError, AttributeError, KeyError, HarnessError) as exc:
+            # a damaged file, or a JSON value that is not this harness's result, is not a run: never a ?-?-? row
+            if skipped is not None:
+                skipped.append(f"{target}: {' '.join(str(exc).split())[:200]}")
+            continue
         seen[str(target.resolve())] = record_from_result(result, str(target.resolve()), order=target.stat().st_mtime)
     return list(seen.values())
 
@@ -267,6 +281,7 @@ def write_report(records: list[dict[str, Any]], out: Path, errors: str = "ci") -
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; bad input is one line on stderr and 2."""
+    end_startup()  # the imports are done: Ctrl-C is the command's own from here
     try:
         return run_report(sys.argv[1:] if argv is None else argv)
     except HarnessError as exc:
@@ -315,15 +330,19 @@ def run_report(argv: list[str]) -> int:
         raise HarnessError(f"--runs: no such directory: {', '.join(missing)}")
     where = args.from_mlflow or " ".join(map(str, roots))
     probe_output_dir(args.out, "--out", create=False)  # now, not after reading every run
+    skipped: list[str] = []
     try:
         records = records_from_mlflow(args.from_mlflow, args.experiment) if args.from_mlflow else \
-            records_from_dirs(roots)
+            records_from_dirs(roots, skipped)
     except HarnessError:
         raise
     except Exception as exc:
         raise HarnessError(f"cannot read runs from {where}: {' '.join(str(exc).split())[:300]}") from None
     if not records:
-        raise HarnessError(f"no runs found in {where}")
+        also = f" (skipped {len(skipped)} that are not this harness's runs: {skipped[0]})" if skipped else ""
+        raise HarnessError(f"no runs found in {where}{also}")
+    for line in skipped:  # one line each, never a ?-?-? row
+        print(f"warning: skipped {line}", file=sys.stderr)
     text, figures = write_report(records, args.out, args.errors)
     print(text, end="")
     print(f"wrote {args.out}/report.md, report.csv, report_long.csv and {len(figures)} figure(s) "

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from harness.accounting.budget import Budget
+from harness.common.interrupts import end_startup
 from harness.common.keyvalue import did_you_mean, program_name
 from harness.decode.decoding import ForwardRecord
 from harness.results import schema_fields as f
@@ -135,6 +136,7 @@ def help_text(prog: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    end_startup()  # the imports are done: Ctrl-C is the command's own from here
     args = sys.argv[1:] if argv is None else argv
     prog = program_name("python -m harness.results.schema")
     if any(a in ("-h", "--help", "help") for a in args):

@@ -31,7 +31,7 @@ from harness.sensitivity.cells import CellResult
 from harness.sensitivity.mlflow_log import log_to_parent
 from harness.sensitivity.output import write_outputs
 from harness.sensitivity.scaling import scale_grid
-from harness.sensitivity.sweep import load_sweep
+from harness.sensitivity.sweep import Cell, load_sweep
 from harness.sensitivity.workers import CellSettings, analyse_cells
 from systems.registry import costly_replays, names_with_role
 
@@ -88,6 +88,19 @@ def _progress(result: CellResult) -> None:
           file=sys.stderr)
 
 
+def check_comparable(cells: list[Cell], roles: Roles, sweep: Path) -> None:
+    """At least one cell holds a contender and a baseline: the margin compares them, so a
+    sweep of one system (or of baselines only) has no figure to analyse (every margin nan)."""
+    for cell in cells:
+        contenders = [s for s in cell.jobs if s not in roles.references]
+        if any(s in roles.baselines for s in contenders) and any(s not in roles.baselines for s in contenders):
+            return
+    systems = ", ".join(sorted({s for c in cells for s in c.jobs}))
+    raise HarnessError(f"sweep={sweep} holds system {systems} only; sensitivity needs a cell with a contender and one "
+                       f"of the baselines ({', '.join(roles.baselines) or 'none given'}) to compare: sweep them "
+                       "together (system=tide,fiddler) or set baselines= to systems of the sweep")
+
+
 def main(argv: list[str]) -> int:
     options = parse(argv)
     register_configs()
@@ -108,7 +121,9 @@ def main(argv: list[str]) -> int:
                             _flag(options["shortcut"], "shortcut"), skip)
     jobs, tracking = _count(options["jobs"], "jobs"), _flag(options["tracking"], "tracking")  # checked before any work
     start = time.perf_counter()
-    cells = analyse_cells(load_sweep(sweep), settings, jobs, _progress)
+    loaded = load_sweep(sweep)
+    check_comparable(loaded, roles, sweep)
+    cells = analyse_cells(loaded, settings, jobs, _progress)
     files = write_outputs(cells, roles, out, command, factors)
     print((out / "sensitivity.md").read_text())
     if tracking:

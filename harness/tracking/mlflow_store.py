@@ -85,8 +85,12 @@ def file_digest(path: Path) -> str | None:
 def _quiet_store_logs() -> None:
     # the first use of a sqlite store runs migrations that log at INFO through Hydra's handlers;
     # urllib3 logs each retry against a server that does not answer (to stdout, through Hydra's)
-    for name in ("alembic", "mlflow.store.db.utils", "mlflow.store.sqlalchemy_store"):
+    for name in ("alembic", "mlflow.store.sqlalchemy_store"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # a store that fails mid-run (unwritable, full): MLflow logs each failed statement with its
+    # traceback (logger.exception) before raising; the harness's one warning line says it all
+    for name in ("mlflow.store.db.utils", "mlflow.store.tracking.sqlalchemy_store", "sqlalchemy.pool"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     for name in ("urllib3", "urllib3.connectionpool", "mlflow.utils.rest_utils"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -240,8 +244,22 @@ def log_config_yaml(client: Any, run_id: str, config: Mapping[str, Any]) -> None
         client.log_artifact(run_id, str(path))
 
 
+def database_cause(exc: BaseException) -> BaseException | None:
+    """The database's own error under SQLAlchemy's (and MLflow's) wrappers, whose text is
+    mostly advice about sessions: "attempt to write a readonly database"."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        orig = getattr(seen, "orig", None)
+        if isinstance(orig, BaseException):
+            return orig
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def warn_failure(uri: str, what: str, exc: BaseException, run_dir: Path | None = None) -> None:
-    reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    reason = " ".join(str(database_cause(exc) or exc).split())[:300] or type(exc).__name__
     later = f"; result.json is kept in {run_dir}, log it later with: python -m harness.tracking push {run_dir} " \
             f"--uri {uri}" if run_dir is not None else ""
     print(f"warning: MLflow {what} skipped ({uri}): {reason}{later}", file=sys.stderr)

@@ -27,7 +27,7 @@ from harness.decode.loading import DecodeDriver, Runner, eos_list
 from harness.engine.engine import OffloadEngine
 from harness.families.bridge import attach, detach
 from harness.families.geometry import CONFIG_DIR, FamilyGeometry
-from harness.families.loading import load_pretrained
+from harness.families.loading import check_checkpoint, load_pretrained
 from harness.families.proxies import build_proxy
 from harness.families.registry import family_geometry
 from harness.model.checkpoint import load_tokenizer
@@ -90,10 +90,13 @@ def load(family: FamilyConfig, cfg: ModelConfig, cache_dir: Path) -> LoadedWeigh
         path = build_proxy(family.name, cfg.proxy_seed, cache_dir / "proxies", tokenizer, texts,
                            family_json=family.raw)
         weights = "random-proxy"
-    loaded = load_pretrained(path, cfg.dtype)
-    if cfg.path is not None and loaded.adapter.name != family.raw["adapter"]:
-        raise HarnessError(f"model.path={path} holds a {loaded.adapter.name} checkpoint, not {cfg.name}; "
-                           f"use model={loaded.adapter.name}")
+    if cfg.path is not None:
+        adapter, _ = check_checkpoint(path)
+        if adapter.name != family.raw["adapter"]:
+            raise HarnessError(f"model.path={path} holds a {adapter.name} checkpoint, not {cfg.name}; "
+                               f"use model={adapter.name}")
+    # the weights' structure and finite values checked (once per checkpoint identity) before any decode
+    loaded = load_pretrained(path, cfg.dtype, finite_cache=cache_dir / "finite", published=family.geometry)
     text = getattr(loaded.model.config, "text_config", None) or loaded.model.config
     return LoadedWeights(loaded.model, load_tokenizer(path), weights, path, eos_list(_eos(loaded.model)),
                          int(text.max_position_embeddings))

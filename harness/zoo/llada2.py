@@ -45,7 +45,7 @@ def load(cfg: ModelConfig, cache_dir: Path) -> LoadedWeights:
     else:
         path = ensure_weights(cfg.name, cache_dir / "proxies", cfg.proxy_seed, cfg.weights)
         weights = RESULT_WEIGHTS[cfg.weights]
-    model = from_pretrained(path, cfg.dtype)
+    model = from_pretrained(path, cfg.dtype, finite_cache=cache_dir / "finite")
     model.set_expert_sum_order(cfg.expert_sum_order)
     return LoadedWeights(model, load_tokenizer(path), weights, path, eos_list(model.config.eos_token_id),
                          int(model.config.max_position_embeddings))

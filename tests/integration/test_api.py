@@ -19,6 +19,7 @@ from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from harness.results.run_result import RunResult
 from tests import process_wait
+from tests.bad_input_cases import tiny_unless_model
 from tests.harness_cli import REPO, TINY, empty_store, harness_env, sqlite_uri
 
 register_configs()
@@ -134,7 +135,7 @@ MISTAKES = [
 @pytest.mark.parametrize(("args", "fix"), MISTAKES, ids=[m[0][0] for m in MISTAKES])
 def test_each_common_mistake_names_its_fix(args: list[str], fix: str) -> None:
     with pytest.raises(HarnessError, match=fix.replace("?", r"\?").replace("+", r"\+")):
-        precheck(["model=tiny", *args])
+        precheck(tiny_unless_model(args))
 
 
 def test_a_quoted_comma_and_a_sweep_with_m_are_fine() -> None:
@@ -146,7 +147,7 @@ def test_a_quoted_comma_and_a_sweep_with_m_are_fine() -> None:
 @pytest.mark.parametrize(("args", "fix"), MISTAKES[:5], ids=[m[0][0] for m in MISTAKES[:5]])
 def test_the_command_line_answers_each_mistake_with_one_line_and_exit_2(args: list[str], fix: str,
                                                                         tmp_path: Path) -> None:
-    proc = process_wait.run([sys.executable, "-m", "harness", "model=tiny", *args], "python -m harness", cwd=REPO,
+    proc = process_wait.run([sys.executable, "-m", "harness", *tiny_unless_model(args)], "python -m harness", cwd=REPO,
                             env=harness_env(tmp_path))
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and fix in lines[0], proc.stderr

@@ -87,7 +87,7 @@ def assert_one_line(exc: HarnessError, needle: str) -> None:
 @pytest.mark.parametrize(("overrides", "needle"), CONFIG, ids=[" ".join(o) for o, _ in CONFIG])
 def test_bad_config_value_is_refused_before_the_run(overrides, needle):
     with pytest.raises(HarnessError) as info:
-        precheck(["model=tiny", *overrides])
+        precheck(cases.tiny_unless_model(overrides))
     assert_one_line(info.value, needle)
 
 

@@ -14,6 +14,7 @@ from harness.cli.overrides import compose_checked, precheck
 from harness.common.errors import HarnessError
 from harness.decode.workload import load_prompts
 from tests import process_wait
+from tests.bad_input_cases import tiny_unless_model
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -57,7 +58,7 @@ PRECHECKED = [
 
 @pytest.mark.parametrize(("args", "needle"), BAD_INPUTS, ids=[a[0] for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_exit_2(args, needle, proxy_cache, tmp_path, tiny_dir):
-    proc = run_cli("model=tiny", *args, cache=proxy_cache, tmp=tmp_path)
+    proc = run_cli(*tiny_unless_model(args), cache=proxy_cache, tmp=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
@@ -67,7 +68,7 @@ def test_bad_input_is_one_line_exit_2(args, needle, proxy_cache, tmp_path, tiny_
 @pytest.mark.parametrize(("args", "needle"), PRECHECKED, ids=[a[0] for a, _ in PRECHECKED])
 def test_bad_input_is_refused_by_the_precheck_in_one_line(args, needle):
     with pytest.raises(HarnessError) as info:
-        precheck(["model=tiny", *args])
+        precheck(tiny_unless_model(args))
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 

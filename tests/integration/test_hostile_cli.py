@@ -1,6 +1,8 @@
-"""Hostile input round two (docs/bad-input.md) through the real command line: Hydra's own usage
+"""Hostile input rounds two and three through the real command line: Hydra's own usage
 errors as one line and exit 2, a glob sweep that runs, Ctrl-C in a sweep as one line and
-exit 130 with the parent run ended. Subprocesses: the slow tier."""
+exit 130 with the parent run ended, a full disk under the run dir and under .hydra, a sweep
+whose second job fails, and round three's catalogue (tests/hostile_cases.py ROUND_THREE),
+each with its one line and exit code. Subprocesses: the slow tier."""
 
 from __future__ import annotations
 
@@ -13,7 +15,17 @@ from pathlib import Path
 import pytest
 
 from tests import process_wait
-from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, run_module, sqlite_uri
+from tests.harness_cli import (
+    REPO,
+    TINY,
+    empty_store,
+    harness_env,
+    parent_and_children,
+    run_module,
+    sqlite_uri,
+    tiny_with,
+)
+from tests.hostile_cases import ROUND_THREE, round_three_files
 from tests.unit.test_sensitivity import small_sweep
 
 pytestmark = pytest.mark.slow
@@ -46,8 +58,8 @@ def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_the_parent_ends_killed(proxy
     # job 0 decodes one prompt, job 1 eight to the end (no EOS stop): the Ctrl-C must land while
     # the sweep still runs, also on a loaded machine (with three quick jobs, CI once saw the sweep
     # finish before the signal arrived: exit 0, nothing to test)
-    args = [sys.executable, "-m", "harness", "-m", *TINY, "decode.gen_length=512", "decode.eos_early_stop=false",
-            "budget=55GB", "system=gpu_only", "limit_prompts=1,8", f"tracking.uri={sqlite_uri(store)}",
+    args = [sys.executable, "-m", "harness", "-m", *tiny_with("decode.gen_length=512", "limit_prompts=1,8"),
+            "decode.eos_early_stop=false", "budget=55GB", "system=gpu_only", f"tracking.uri={sqlite_uri(store)}",
             f"hydra.sweep.dir={sweep}"]
     proc = process_wait.start(args, cwd=REPO, env=harness_env(proxy_cache), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
@@ -85,6 +97,40 @@ def test_a_full_disk_mid_run_is_one_line_naming_what_was_saved(proxy_cache, tiny
     assert lines[0].endswith(f"saved in {run_dir}: __main__.log") and left == [".hydra", "__main__.log"]
 
 
+def test_a_full_disk_while_hydra_writes_its_config_is_one_line(proxy_cache, tiny_dir, tmp_path):
+    """The run dir on a tmpfs with 4 inodes (root only; else skipped): the precheck's probe
+    fits, Hydra's .hydra/config.yaml does not. One error line naming it, exit 2 (Hydra's own
+    handler printed a 7-line traceback)."""
+    from tests.unit.test_hostile_options import tmpfs
+
+    with tmpfs(tmp_path / "disk", "size=1m,nr_inodes=4") as disk:
+        run_dir = disk / "run"
+        run_dir.mkdir()
+        proc = run_module("harness", [*TINY, "system=gpu_only", "tracking.enabled=false", f"hydra.run.dir={run_dir}"],
+                          proxy_cache)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith(f"error: cannot write {run_dir / '.hydra' / 'config.yaml'} (No space left on device)")
+
+
+def test_a_sweep_whose_second_job_fails_ends_with_one_line_per_failed_job(proxy_cache, tiny_dir, tmp_path):
+    """Job 1 reads a prompts file with a lone surrogate (found only by the run): its error is
+    one `[failed]` line as it ends and one in the short summary, nothing on stderr but the
+    progress bars, exit 2; the table is in its file, not printed."""
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text('{"prompt": "def f(x):"}\n')
+    bad.write_bytes(b'{"prompt": "ok \\ud800"}\n')
+    sweep = tmp_path / "sweep"
+    proc = run_module("harness", ["-m", *TINY, "tracking.enabled=false", "workload=jsonl",
+                                  f"workload.path={good},{bad}", f"hydra.sweep.dir={sweep}"], proxy_cache)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip() and "%|" not in ln] == []
+    summary = proc.stdout[proc.stdout.index("sweep summary"):].splitlines()
+    assert summary[0] == f"sweep summary ({sweep}): 1 of 2 jobs done, 1 failed; the table: {sweep / 'sweep_summary.md'}"
+    assert len(summary) == 2 and summary[1].startswith("[failed] #1: ") and "invalid Unicode" in summary[1]
+    assert proc.stdout.count("[failed] #1:") == 2 and (sweep / "sweep_summary.md").is_file()
+
+
 def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache, tiny_dir, tmp_path):
     """SIGKILL leaves the first sweep's parent RUNNING; resume=true in another dir reuses its
     result and ends that parent KILLED (superseded)."""
@@ -92,7 +138,7 @@ def test_a_sweep_resumed_in_a_new_dir_ends_the_killed_sweeps_parent(proxy_cache,
     cache = tmp_path / "cache"  # its own resume index: only this test's results are reused
     (cache / "results").mkdir(parents=True)
     (cache / "proxies").symlink_to(proxy_cache / "proxies")
-    common = ["-m", *TINY, "decode.gen_length=8", "budget=55GB", "system=gpu_only,fiddler,mixtral_offload",
+    common = ["-m", *tiny_with("decode.gen_length=8"), "budget=55GB", "system=gpu_only,fiddler,mixtral_offload",
               f"tracking.uri={sqlite_uri(store)}", f"cache_dir={cache}"]
     old = tmp_path / "old"
     proc = process_wait.start([sys.executable, "-m", "harness", *common, f"hydra.sweep.dir={old}"], cwd=REPO,
@@ -149,3 +195,17 @@ def test_ctrl_c_during_a_parallel_sensitivity_ends_its_workers(proxy_cache, tiny
         time.sleep(0.05)
     assert all(_gone(w) for w in workers)
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def round_three(proxy_cache, tiny_dir, tmp_path_factory):
+    return round_three_files(tmp_path_factory.mktemp("round3"), tiny_dir)
+
+
+@pytest.mark.parametrize("name", list(ROUND_THREE))
+def test_round_three_catalogue_is_one_line_with_its_exit_code(name, round_three, proxy_cache):
+    module, args, needle, code = ROUND_THREE[name]
+    proc = run_module(module, [a.format(**round_three) for a in args], proxy_cache)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "%|" not in ln]
+    assert proc.returncode == code and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
+    assert lines[0].startswith("error: " if code == 2 else "warning: ") and "Traceback" not in proc.stderr

@@ -19,7 +19,7 @@ from harness.results.run_result import RunResult
 from harness.tracking import sweep_run
 from harness.tracking.sweep_run import ENDED_TAG, RESUMES_TAG
 from tests import process_wait
-from tests.harness_cli import REPO, TINY, empty_store, harness_env, parent_and_children, runs_of, sqlite_uri
+from tests.harness_cli import REPO, empty_store, harness_env, parent_and_children, runs_of, sqlite_uri, tiny_with
 from tests.integration.test_tracking import hand_made_result, write_run
 
 
@@ -158,7 +158,7 @@ def test_without_resume_a_parent_left_running_is_ended_and_replaced(settings: Tr
 # --------------------------------------------------------------------------- a real sweep, killed and resumed
 
 # three jobs of a config no other test runs, so that resume finds only this sweep's results
-SWEEP = [*TINY, "decode.gen_length=8", "budget=55GB", "system=gpu_only,fiddler,mixtral_offload"]
+SWEEP = [*tiny_with("decode.gen_length=8"), "budget=55GB", "system=gpu_only,fiddler,mixtral_offload"]
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from harness.decode.lossless import load_reference, reference_path, store_refere
 from harness.decode.workload import read_jsonl_prompts
 from harness.job.config import register_configs
 from harness.job.live import run_job
-from harness.model import checkpoint
+from harness.model import shards
 from harness.model.checkpoint import from_pretrained, read_shard_header
 from harness.placement.trace import RoutingTrace
 from tests import bad_input_cases as first
@@ -48,8 +48,8 @@ def test_a_passed_scan_is_remembered_per_checkpoint_identity(tiny_dir, tmp_path,
     from_pretrained(directory, finite_cache=tmp_path / "finite")
     assert len(list((tmp_path / "finite").glob("*.json"))) == 1
     calls = []
-    scan = checkpoint.first_non_finite
-    monkeypatch.setattr(checkpoint, "first_non_finite", lambda *a: calls.append(1) or scan(*a))
+    scan = shards.first_non_finite
+    monkeypatch.setattr(shards, "first_non_finite", lambda *a: calls.append(1) or scan(*a))
     from_pretrained(directory, finite_cache=tmp_path / "finite")
     assert calls == []  # remembered: no second pass over the weights
     cases.poison(directory, "lm_head.weight", "nan")  # a changed shard is another identity
