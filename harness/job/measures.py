@@ -40,17 +40,17 @@ def gem_figures(system: Any) -> dict[str, float]:
     return system.profiling_cost() if isinstance(system, Gem) else {}
 
 
-def replacement_decay(system_config: Any) -> float:
-    """The decay of the workload score the cache replay uses: the run's own (dali), else
-    dali's default."""
-    decay = getattr(system_config, "decay", None)
-    return float(decay) if isinstance(decay, int | float) and not isinstance(decay, bool) else DaliConfig.decay
+def replacement_horizon(system_config: Any) -> int:
+    """The horizon of the time-correlation score the cache replay uses: the run's own
+    (dali), else dali's default."""
+    horizon = getattr(system_config, "horizon", None)
+    return int(horizon) if isinstance(horizon, int) and not isinstance(horizon, bool) else DaliConfig.horizon
 
 
 def measure_figures(ledger_measures: dict[str, float], trace: RoutingTrace | None, capacity: int, top_k: int,
-                    decay: float) -> dict[str, float]:
+                    horizon: int) -> dict[str, float]:
     """The ledger's figures, then the trace's (none without a trace)."""
     figures = dict(ledger_measures)
     if trace is not None and len(trace):
-        figures.update(measures_of_trace(trace, capacity, top_k, decay))
+        figures.update(measures_of_trace(trace, capacity, top_k, horizon))
     return figures
