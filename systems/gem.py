@@ -6,9 +6,10 @@ ep_linear, each GPU holds a fixed number of experts per layer (the same E / G sp
 both use the same memory); GEM chooses *which* experts, per layer, once, in prepare():
 
 1. Latency curves. For every GPU r the latency of one expert against its token count,
-   sampled from the cost model at tile boundaries (n = 0, tile, 2 tile, ...) and scaled by
-   the GPU's relative speed; n tokens cost what the next boundary costs (a GEMM pads its
-   rows to the tile). tile = 1 makes the curve the cost model itself.
+   sampled from the cost model's grouped-GEMM times at tile boundaries (n = 0, tile,
+   2 tile, ...) and scaled by the GPU's relative speed; n tokens cost what the next
+   boundary costs (a GEMM pads its rows to the tile). The tile defaults to the hardware
+   profile's `gpu_gemm_tile` (64), where the curve is the cost model itself.
 2. A calibration window: `calibration_steps` (16) denoise forwards of the calibration
    trace, evenly spaced over it.
 3. The objective, per layer: sum over the window's steps of the slowest GPU's latency,
@@ -42,7 +43,7 @@ from systems.ep_linear import expert_parallel_plan, linear_mapping
 class GemConfig:
     name: str = "gem"
     calibration_steps: int = 16  # denoise forwards of the calibration trace in the window (evenly spaced)
-    tile: int = 16  # token-count tile at whose boundaries the per-GPU latency curves are sampled
+    tile: int = 0  # token-count tile at whose boundaries the latency curves are sampled; 0: hardware.gpu_gemm_tile
     starts: int = 4  # noisy greedy starting maps (plus ep_linear's), each improved by pairwise swaps
     noise: float = 0.2  # relative noise on expert weights in the noisy starts
     seed: int = 0  # of the noisy starts
@@ -60,7 +61,7 @@ def calibration_window(trace: RoutingTrace | None, n_steps: int) -> torch.Tensor
 def latency_tables(cost: Any, speeds: tuple[float, ...], max_tokens: int, tile: int) -> torch.Tensor:
     """float64 [G, K+1]: GPU r's latency of one expert with k * tile tokens."""
     boundaries = torch.arange(0, -(-max(max_tokens, 1) // tile) + 1) * tile
-    base = cost.gpu_expert_times(boundaries)
+    base = cost.grouped_gpu_expert_times(boundaries)
     return base[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
 
 
@@ -73,7 +74,7 @@ def profiling_cost(cost: Any, speeds: tuple[float, ...], max_tokens: int, tile: 
     top = max(max_tokens, 1)
     boundaries = latency_tables(cost, speeds, top, tile)  # [G, K+1]
     counts = torch.arange(0, top + 1)
-    dense = cost.gpu_expert_times(counts)[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
+    dense = cost.grouped_gpu_expert_times(counts)[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
     charged = boundaries[:, -(-counts[1:] // tile)]
     error = (charged - dense[:, 1:]).abs() / dense[:, 1:]
     return {"gem_profile_samples": float(boundaries.numel()), "gem_dense_profile_samples": float(dense.numel()),
@@ -225,9 +226,11 @@ class Gem(System):
         super().__init__(config, **options)
         c = self.config
         calibration_steps, tile, starts, noise, seed = c.calibration_steps, c.tile, c.starts, c.noise, c.seed
-        for key, value in (("calibration_steps", calibration_steps), ("tile", tile), ("starts", starts)):
+        for key, value in (("calibration_steps", calibration_steps), ("starts", starts)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise HarnessError(f"system.{key} must be a positive integer (got {value!r})")
+        if not isinstance(tile, int) or isinstance(tile, bool) or tile < 0:
+            raise HarnessError(f"system.tile must be a positive integer or 0 (hardware.gpu_gemm_tile; got {tile!r})")
         if not 0 <= float(noise) <= 1:
             raise HarnessError(f"system.noise must be in [0, 1] (got {noise!r})")
         self.calibration_steps, self.tile, self.starts = calibration_steps, tile, starts
@@ -239,6 +242,8 @@ class Gem(System):
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
+        if self.config.tile == 0:  # the GPU's own grouped-GEMM tile
+            self.tile = int(ctx.cost.hw.gpu_gemm_tile)  # type: ignore[attr-defined]
         # the search is thousands of small tensor ops: intra-op threads only add their
         # synchronisation (10-25x slower on a busy 2-core machine), so run it on one
         threads = torch.get_num_threads()
