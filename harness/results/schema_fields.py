@@ -255,6 +255,8 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "calibration_gain": ("fraction", "system report: gem", "modeled gain of gem's mapping over ep_linear's on "
                                                              "the calibration trace"),
     "calibration_score_s": ("s (modeled)", "system report: gem", "gem's mapping on the calibration trace"),
+    "gem_profiling_forwards": ("forwards", "system report: gem", "served forwards observed with ep_linear's mapping "
+                                                                 "before the online search (window=online)"),
     "ep_linear_calibration_score_s": ("s (modeled)", "system report: gem", "ep_linear's mapping on the same trace"),
     "gem_profile_samples": ("latency samples", "GEM's measures (gem)", "GEM's profile: every GPU's latency curve "
                                                                          "sampled at tile boundaries"),

@@ -49,6 +49,9 @@ def multi(*speeds: float) -> Topology:
 
 
 def ep_engine(name: str, options: dict, geo: LLaDA2Config, topology: Topology, calibration=None) -> OffloadEngine:
+    """gem searches its calibration window here unless the options ask for the online one."""
+    if name == "gem":
+        options = {"window": "calibration", **options}
     eng = OffloadEngine(make_system(name, options), geo, 0, CostModel(geo, HardwareConfig()), topology=topology)
     eng.prepare(calibration)
     return eng
@@ -249,7 +252,7 @@ def test_swaps_stop_at_a_map_no_single_swap_improves() -> None:
 def test_gem_needs_a_calibration_trace_and_valid_options() -> None:
     with pytest.raises(HarnessError, match="calibration"):
         ep_engine("gem", {}, geometry(1, 8), multi(1, 1))
-    for options in ({"tile": -1}, {"starts": 0}, {"noise": 2.0}, {"calibration_steps": 0}):
+    for options in ({"tile": -1}, {"starts": 0}, {"noise": 2.0}, {"calibration_steps": 0}, {"window": "offline"}):
         with pytest.raises(HarnessError, match=f"system.{next(iter(options))}"):
             make_system("gem", options)
 
@@ -319,3 +322,33 @@ def test_gem_profiles_at_the_hardware_tile_by_default() -> None:
     window = denoise_trace(random_loads(gen, 4, 1, 8, 1.0) * 40)
     gem = ep_engine("gem", {}, geometry(1, 8), multi(1.0, 0.8), window)
     assert gem.system.tile == 64 and gem.system.profiling_cost()["gem_profile_error_max"] == 0.0
+
+
+# ---- the online profiling window --------------------------------------------------------
+def test_online_gem_serves_its_first_forwards_with_ep_linear_then_the_map_searched_on_them() -> None:
+    """The first 4 in-block forwards of the served trace are served with ep_linear's map
+    and observed; from the 5th GEM serves the map its search finds on exactly those loads
+    (what the calibration window finds when the calibration trace is those 4 forwards)."""
+    gen = torch.Generator().manual_seed(3)
+    geo, topology = geometry(2, 8), multi(1.0, 0.7)
+    loads = random_loads(gen, 8, 2, 8, 1.2)
+    served = denoise_trace(loads)
+    online = ep_engine("gem", {"window": "online", "calibration_steps": 4, "starts": 2}, geo, topology)
+    offline = ep_engine("gem", {"calibration_steps": 4, "starts": 2}, geo, topology, denoise_trace(loads[:4]))
+    linear = linear_mapping(8, 2)
+    for s, info in enumerate(served.steps):
+        online.begin_step(info, 8, 8)
+        for layer in range(2):
+            plan = online.plan_layer(layer, loads[s, layer])
+            routed = loads[s, layer] > 0
+            want = linear if s < 4 else offline.system.mappings[layer]
+            assert torch.equal(torch.from_numpy(np.asarray(plan.device))[routed], want[routed]), (s, layer)
+        online.end_step()
+    assert online.system.report()["gem_profiling_forwards"] == 4
+    assert torch.equal(online.system.mappings, offline.system.mappings)
+
+
+def test_online_gem_needs_no_calibration_and_stays_linear_on_a_short_run() -> None:
+    eng = ep_engine("gem", {"window": "online"}, geometry(1, 8), multi(1.0, 0.5))
+    assert torch.equal(eng.system.mappings[0], linear_mapping(8, 2))
+    assert eng.system.report()["calibration_gain"] == 0.0
