@@ -82,7 +82,7 @@ class DaliConfig:
     name: str = "dali"
     assign: bool = True  # the greedy GPU/CPU assignment (false: resident on the GPU, the rest on the CPU, no copies)
     prefetch: bool = True  # copy the next layer's predicted-heaviest missing experts ahead, in the link's idle time
-    replacement: bool = True  # evict the lowest decayed workload score (false: LRU)
+    replacement: bool = True  # evict the lowest time-correlation score (false: LRU)
     prefetch_k: int = 4  # prefetched experts per layer
     horizon: int = 8  # forwards the time-correlation score sums over (docs/dali-and-gem.md: an assumption)
     assign_loads: str = "predicted"  # predicted: from the previous layer's hint (the paper); exact: this forward's
@@ -424,7 +424,7 @@ def admit_layer(on_gpu: np.ndarray, held: np.ndarray, score: np.ndarray, key: np
 ENTRY = SystemEntry(
     Dali,
     DaliConfig,
-    # each of its three parts switched off, and other prefetch and decay settings
+    # each of its three parts switched off, other prefetch and horizon settings, exact loads, no memory limit
     invariant_options=({}, {"assign": False}, {"prefetch": False}, {"replacement": False},
                        {"prefetch_k": 2, "horizon": 1}, {"assign_loads": "exact"}, {"gpu_limit": False}),
 )
