@@ -57,6 +57,8 @@ def main(sweep: Path) -> None:
         worst = max((r for r in ROWS[:3]), key=lambda r: runs[r]["modeled_time_s"])
         print(f"\nclaims: cpu/gpu expert split dali {pct(d['cpu_expert_share'])}/{pct(1 - d['cpu_expert_share'])} "
               f"static {pct(s['cpu_expert_share'])}/{pct(1 - s['cpu_expert_share'])}; "
+              f"utilisation (busy / modeled wall time) CPU/GPU dali {pct(d['cpu_busy_share'])}/"
+              f"{pct(d['gpu_busy_share'])} static {pct(s['cpu_busy_share'])}/{pct(s['gpu_busy_share'])}; "
               f"residual recall decode {pct(d['prefetch_recall_residual_decode'])} token-count "
               f"{pct(d['prefetch_recall_token_count_decode'])}; cache decode workload "
               f"{pct(d['cache_hit_rate_workload_decode'])} lru {pct(d['cache_hit_rate_lru_decode'])} lfu "

@@ -3,7 +3,7 @@ policy class, its config dataclass (the one place its defaults live), its batch 
 it has one, the option sets the shared tests and the golden grid run it with, and every
 other fact the harness knows about the system: its role in comparisons (reference,
 baseline, contender), the decision key the sensitivity analysis re-charges by, what a
-replay of it costs, the figures a run of it adds, the decay of its workload score.
+replay of it costs, the figures a run of it adds, the horizon of its workload score.
 
 systems/registry.py lists the entries; everything that needs "every system" or a fact of
 one (the config schema, the report's order and baselines, the planning benchmark, the
@@ -59,8 +59,8 @@ class SystemEntry:
         measures (GEM's profiling cost), from the prepared system.
     about: what `python -m harness --help` says of `system=<name>` (default: the policy
         class's docstring).
-    measure_decay: the decay of the workload score that DALI's cache replay (a run's
-        measures, harness/traces/dali_measures.py) uses in runs of this system, from its
+    measure_horizon: the horizon of the time-correlation score that DALI's cache replay (a
+        run's measures, harness/traces/dali_measures.py) uses in runs of this system, from its
         config; None: the replay's default."""
 
     policy: type[System]
@@ -72,7 +72,7 @@ class SystemEntry:
     decision_key: DecisionKey | None = None
     replay_cost: str = "cheap"
     figures: Callable[[Any], dict[str, float]] | None = None
-    measure_decay: Callable[[Any], float] | None = None
+    measure_horizon: Callable[[Any], int] | None = None
     about: str = ""
 
     def __post_init__(self) -> None:

@@ -6,11 +6,18 @@ ep_linear, each GPU holds a fixed number of experts per layer (the same E / G sp
 both use the same memory); GEM chooses *which* experts, per layer, once, in prepare():
 
 1. Latency curves. For every GPU r the latency of one expert against its token count,
-   sampled from the cost model at tile boundaries (n = 0, tile, 2 tile, ...) and scaled by
-   the GPU's relative speed; n tokens cost what the next boundary costs (a GEMM pads its
-   rows to the tile). tile = 1 makes the curve the cost model itself.
-2. A calibration window: `calibration_steps` (16) denoise forwards of the calibration
-   trace, evenly spaced over it.
+   sampled from the cost model's grouped-GEMM times at tile boundaries (n = 0, tile,
+   2 tile, ...) and scaled by the GPU's relative speed; n tokens cost what the next
+   boundary costs (a GEMM pads its rows to the tile). The tile defaults to the hardware
+   profile's `gpu_gemm_tile` (64), where the curve is the cost model itself.
+2. The profiling window: `calibration_steps` (16) forwards. `window=online` (the default,
+   as the paper profiles): the served workload's own first 16 decode or denoise forwards,
+   served with ep_linear's mapping while GEM observes their loads; at the next forward GEM
+   searches and switches to its own mapping (the move of expert weights between GPUs is not
+   charged). The profiling forwards' time is thus charged at ep_linear's speed, the cost of
+   profiling online; a run shorter than the window stays on ep_linear's mapping.
+   `window=calibration`: 16 denoise forwards of the calibration trace, evenly spaced over
+   it, searched before the first forward.
 3. The objective, per layer: sum over the window's steps of the slowest GPU's latency,
    GPU r's latency being the sum of its routed experts' curve values.
 4. Search, per layer: `starts` greedy starting maps (experts heaviest first, weights
@@ -42,10 +49,14 @@ from systems.ep_linear import expert_parallel_plan, linear_mapping
 class GemConfig:
     name: str = "gem"
     calibration_steps: int = 16  # denoise forwards of the calibration trace in the window (evenly spaced)
-    tile: int = 16  # token-count tile at whose boundaries the per-GPU latency curves are sampled
+    tile: int = 0  # token-count tile at whose boundaries the latency curves are sampled; 0: hardware.gpu_gemm_tile
     starts: int = 4  # noisy greedy starting maps (plus ep_linear's), each improved by pairwise swaps
     noise: float = 0.2  # relative noise on expert weights in the noisy starts
     seed: int = 0  # of the noisy starts
+    window: str = "online"  # online: the served workload's first forwards; calibration: the calibration trace
+
+
+WINDOWS = ("online", "calibration")
 
 
 def calibration_window(trace: RoutingTrace | None, n_steps: int) -> torch.Tensor:
@@ -60,7 +71,7 @@ def calibration_window(trace: RoutingTrace | None, n_steps: int) -> torch.Tensor
 def latency_tables(cost: Any, speeds: tuple[float, ...], max_tokens: int, tile: int) -> torch.Tensor:
     """float64 [G, K+1]: GPU r's latency of one expert with k * tile tokens."""
     boundaries = torch.arange(0, -(-max(max_tokens, 1) // tile) + 1) * tile
-    base = cost.gpu_expert_times(boundaries)
+    base = cost.grouped_gpu_expert_times(boundaries)
     return base[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
 
 
@@ -73,7 +84,7 @@ def profiling_cost(cost: Any, speeds: tuple[float, ...], max_tokens: int, tile: 
     top = max(max_tokens, 1)
     boundaries = latency_tables(cost, speeds, top, tile)  # [G, K+1]
     counts = torch.arange(0, top + 1)
-    dense = cost.gpu_expert_times(counts)[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
+    dense = cost.grouped_gpu_expert_times(counts)[None, :] / torch.tensor(speeds, dtype=torch.float64)[:, None]
     charged = boundaries[:, -(-counts[1:] // tile)]
     error = (charged - dense[:, 1:]).abs() / dense[:, 1:]
     return {"gem_profile_samples": float(boundaries.numel()), "gem_dense_profile_samples": float(dense.numel()),
@@ -225,11 +236,20 @@ class Gem(System):
         super().__init__(config, **options)
         c = self.config
         calibration_steps, tile, starts, noise, seed = c.calibration_steps, c.tile, c.starts, c.noise, c.seed
-        for key, value in (("calibration_steps", calibration_steps), ("tile", tile), ("starts", starts)):
+        for key, value in (("calibration_steps", calibration_steps), ("starts", starts)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise HarnessError(f"system.{key} must be a positive integer (got {value!r})")
+        if not isinstance(tile, int) or isinstance(tile, bool) or tile < 0:
+            raise HarnessError(f"system.tile must be a positive integer or 0 (hardware.gpu_gemm_tile; got {tile!r})")
         if not 0 <= float(noise) <= 1:
             raise HarnessError(f"system.noise must be in [0, 1] (got {noise!r})")
+        if c.window not in WINDOWS:
+            raise HarnessError(f"system.window must be one of {', '.join(WINDOWS)} (got {c.window!r})")
+        self.online = c.window == "online"
+        self.needs_calibration = not self.online
+        self.observed: list[np.ndarray] = []  # online: the window's loads, one [L, E] per forward
+        self.row: np.ndarray | None = None  # the forward being observed
+        self.profiling_forwards = 0
         self.calibration_steps, self.tile, self.starts = calibration_steps, tile, starts
         self.noise, self.seed = float(noise), seed
         self.mappings: torch.Tensor | None = None  # [L, E]
@@ -239,17 +259,44 @@ class Gem(System):
 
     def prepare(self, ctx: PrepareContext) -> None:
         super().prepare(ctx)
+        if self.config.tile == 0:  # the GPU's own grouped-GEMM tile
+            self.tile = int(ctx.cost.hw.gpu_gemm_tile)  # type: ignore[attr-defined]
         # the search is thousands of small tensor ops: intra-op threads only add their
         # synchronisation (10-25x slower on a busy 2-core machine), so run it on one
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            self._map_layers(ctx)
+            if self.online:
+                n_layers, n_experts = ctx.geometry.n_moe_layers, ctx.geometry.num_experts
+                linear = linear_mapping(n_experts, len(ctx.topology.speeds))
+                self.mappings = linear.expand(n_layers, -1).clone()
+            else:
+                self._map_layers(ctx, calibration_window(ctx.calibration, self.calibration_steps))
         finally:
             torch.set_num_threads(threads)
 
-    def _map_layers(self, ctx: PrepareContext) -> None:
-        window = calibration_window(ctx.calibration, self.calibration_steps)  # [S, L, E]
+    def on_step(self, step: Any) -> None:
+        """Online window: keep the forward just observed; once the window is full, search."""
+        if not self.online or self.scores:
+            return
+        if self.row is not None:
+            self.observed.append(self.row)
+            self.row = None
+        if len(self.observed) >= self.calibration_steps:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                self._map_layers(self.ctx, torch.from_numpy(np.stack(self.observed)).long())
+            finally:
+                torch.set_num_threads(threads)
+            return
+        if step.in_block:
+            assert self.mappings is not None
+            self.row = np.zeros(tuple(self.mappings.shape), np.int64)
+            self.profiling_forwards += 1
+
+    def _map_layers(self, ctx: PrepareContext, window: torch.Tensor) -> None:
+        """Search every layer's mapping on the window's loads [S, L, E]."""
         n_experts, speeds = ctx.geometry.num_experts, ctx.topology.speeds
         linear = linear_mapping(n_experts, len(speeds))
         slots = torch.bincount(linear, minlength=len(speeds))
@@ -283,6 +330,8 @@ class Gem(System):
         self, layer: int, load: np.ndarray, hint: torch.Tensor | None, resident: np.ndarray
     ) -> LayerPlan:
         assert self.mappings is not None, "prepare() first"
+        if self.row is not None:
+            self.row[layer] = load
         return expert_parallel_plan(load, self.mappings[layer])
 
     def profiling_cost(self) -> dict[str, float]:
@@ -296,6 +345,7 @@ class Gem(System):
             "calibration_score_s": gem,  # objective over the window, all layers
             "ep_linear_calibration_score_s": linear,
             "calibration_gain": 1 - gem / linear if linear > 0 else 0.0,
+            "gem_profiling_forwards": self.profiling_forwards if self.online else 0,
             "layer_scores_s": list(self.scores),
         }
 

@@ -78,6 +78,10 @@ class HardwareConfig:
     cpu_mem_gbps: float = 200.0
     cpu_tflops: float = 1.5
     cpu_call_overhead_us: float = 20.0
+    # rows (tokens) per M tile of the GPU's grouped expert GEMM: in expert parallelism a GPU's
+    # routed experts run as one grouped GEMM whose token rows are padded to this tile
+    # (docs/dali-and-gem.md: GEM's latency staircase; measure it on the GPU)
+    gpu_gemm_tile: int = 64
     # hardware=local: where the measured profile lives, and whether to measure this
     # machine when it is missing. Empty path: a static profile, nothing to load.
     profile_path: str | None = None
@@ -130,6 +134,9 @@ class HardwareConfig:
                 raise HarnessError(
                     f"hardware.{key} must be a finite number >= 0 (got {getattr(self, key)}); fix conf/hardware"
                 )
+        if isinstance(self.gpu_gemm_tile, bool) or not isinstance(self.gpu_gemm_tile, int) or self.gpu_gemm_tile < 1:
+            raise HarnessError(f"hardware.gpu_gemm_tile must be a positive integer (got {self.gpu_gemm_tile!r}); "
+                               "fix conf/hardware")
         if self.host_memory not in HOST_MEMORY:
             raise HarnessError(f"hardware.host_memory={self.host_memory!r} is not allowed; use pinned or pageable")
         if self.host_memory == "pageable" and not (
@@ -246,6 +253,18 @@ class CostModel:
         n = loads.to(torch.float64)
         t = torch.clamp(self.flops_per_token * n / self._gpu_flops, min=self.expert_bytes / self._gpu_bw)
         return torch.where(n > 0, t + self._gpu_ov, 0.0)
+
+    def grouped_gpu_expert_times(self, loads: torch.Tensor) -> torch.Tensor:
+        """Per expert, its share of a grouped GEMM on one GPU (expert parallelism;
+        docs/dali-and-gem.md): the call overhead, the weights streamed once, and the tensor
+        core time of its token rows padded to the M tile (`gpu_gemm_tile`), not overlapped
+        with the stream. A staircase in the token count: the tiles a GPU's tokens fill, not
+        only how many experts it runs, set its latency."""
+        n = loads.to(torch.float64)
+        tile = float(self.hw.gpu_gemm_tile)
+        rows = torch.ceil(n / tile) * tile
+        t = self._gpu_ov + self.expert_bytes / self._gpu_bw + self.flops_per_token * rows / self._gpu_flops
+        return torch.where(n > 0, t, 0.0)
 
     def cpu_expert_times(self, loads: torch.Tensor) -> torch.Tensor:
         n = loads.to(torch.float64)

@@ -17,7 +17,9 @@ the same spread; the seed draws the speeds in between (uniformly) and the order 
 GPUs. `speeds` overrides all of that with explicit values (one per GPU).
 
 The expert-parallel layer cost: GPU r's time for the experts it owns is the cost model's
-GPU time of each routed one divided by its speed, summed; the GPUs run concurrently and
+grouped-GEMM time of each routed one (`CostModel.grouped_gpu_expert_times`: the weights
+streamed once plus the tensor-core time of its tokens padded to the hardware profile's
+`gpu_gemm_tile`, a staircase in the token count) divided by its speed, summed; the GPUs run concurrently and
 the layer waits for all of them, so its expert time is the slowest GPU's. The all-to-all
 dispatch of tokens is not charged (it is the same for every mapping of one layer's load
 to within the imbalance this cost already captures).
@@ -94,7 +96,7 @@ class Topology:
 
     def gpu_times(self, cost: CostModel, load: torch.Tensor, device: torch.Tensor) -> torch.Tensor:
         """Seconds each GPU spends on the routed experts it owns: float64 [n_gpus]."""
-        per_expert = cost.gpu_expert_times(load)
+        per_expert = cost.grouped_gpu_expert_times(load)
         busy = torch.zeros(self.n_gpus, dtype=torch.float64).index_add_(0, device.long(), per_expert)
         return busy / torch.tensor(self.speeds, dtype=torch.float64)
 

@@ -46,6 +46,7 @@ from harness.decode.lossless import load_reference, store_reference
 from harness.decode.workload import load_prompts
 from harness.job.hybrid_setup import all_gpu_engine, reference_key
 from harness.placement.trace import RoutingTrace, derive_no_cache
+from harness.traces.repetition import GENERATED_IDS
 from harness.traces.serving import PER_PROMPT_TOKENS
 from harness.training.proxy_cache import weights_at
 
@@ -151,6 +152,8 @@ def describe_batch(trace: RoutingTrace, batch: DecodeBatch) -> None:
                       denoise_steps=batch.denoise_steps, requested_tokens=batch.requested_tokens)
     # each request's own count, for lock-step serving's time per output token (harness/traces/serving.py)
     trace.meta[PER_PROMPT_TOKENS] = [o.n_generated for o in batch.outputs]
+    # and its ids, for the greedy-loop statistic (harness/traces/repetition.py)
+    trace.meta[GENERATED_IDS] = [[int(t) for t in o.generated[: o.n_generated]] for o in batch.outputs]
     if batch.decode_steps:  # an autoregressive family
         trace.meta["decode_steps"] = batch.decode_steps
 

@@ -12,8 +12,8 @@ for LLaDA2 runs, whose results (the golden grid) stay as they were; `measures=tr
 computes them for any offloading run, `measures=false` for none. Expert-parallel runs
 (topology=multi) have no DALI measures (nothing is offloaded). A run that computes the
 measures also reports the figures its system's entry adds (`SystemEntry.figures`: GEM's
-profiling cost), and the cache replay scores the workload with the decay its system's entry
-reads from its config (`SystemEntry.measure_decay`: DALI's), else the replay's default.
+profiling cost), and the cache replay scores the workload over the horizon its system's entry
+reads from its config (`SystemEntry.measure_horizon`: DALI's), else the replay's default.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from harness.job.config import HarnessConfig
 from harness.placement.system import System
 from harness.placement.trace import RoutingTrace
-from harness.traces.dali_measures import DEFAULT_DECAY, measures_of_trace
+from harness.traces.dali_measures import DEFAULT_HORIZON, measures_of_trace
 from systems.registry import entry_named, entry_of
 
 
@@ -43,17 +43,17 @@ def system_figures(system: System) -> dict[str, float]:
     return figures(system) if figures is not None else {}
 
 
-def replacement_decay(system_config: Any) -> float:
-    """The decay of the workload score the cache replay uses: the run's own where its
+def replacement_horizon(system_config: Any) -> int:
+    """The horizon of the time-correlation score the cache replay uses: the run's own where its
     system's entry reads one from its config (dali), else the replay's default."""
-    decay = entry_named(system_config.name).measure_decay
-    return decay(system_config) if decay is not None else DEFAULT_DECAY
+    horizon = entry_named(system_config.name).measure_horizon
+    return horizon(system_config) if horizon is not None else DEFAULT_HORIZON
 
 
 def measure_figures(ledger_measures: dict[str, float], trace: RoutingTrace | None, capacity: int, top_k: int,
-                    decay: float) -> dict[str, float]:
+                    horizon: int) -> dict[str, float]:
     """The ledger's figures, then the trace's (none without a trace)."""
     figures = dict(ledger_measures)
     if trace is not None and len(trace):
-        figures.update(measures_of_trace(trace, capacity, top_k, decay))
+        figures.update(measures_of_trace(trace, capacity, top_k, horizon))
     return figures

@@ -24,7 +24,13 @@ from harness.common.machine import machine_environment
 from harness.engine.engine import OffloadEngine
 from harness.job.artifacts import code_version
 from harness.job.config import HarnessConfig
-from harness.job.measures import measure_figures, replacement_decay, system_figures, wants_dali_measures, wants_measures
+from harness.job.measures import (
+    measure_figures,
+    replacement_horizon,
+    system_figures,
+    wants_dali_measures,
+    wants_measures,
+)
 from harness.placement.system import MoEGeometry, System
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import DuplicateMetricError, RunIdentity, RunResult, Timing, is_number
@@ -82,7 +88,7 @@ def build_result(cfg: HarnessConfig, setup: RunSetup, engine: OffloadEngine, cou
     metrics.update(phase_figures(step_series, counts["prompts"]))
     if setup.measures:
         metrics.update(measure_figures(engine.ledger.measures(), trace, setup.budget.experts_per_layer,
-                                       setup.geometry.num_experts_per_tok, replacement_decay(cfg.system)))
+                                       setup.geometry.num_experts_per_tok, replacement_horizon(cfg.system)))
     if setup.system_figures:
         metrics.update(system_figures(setup.system))
     for key, value in counts.items():

@@ -246,12 +246,17 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
     "dali_gpu_experts": ("experts", "system report: dali", "layer-experts assigned to the GPU"),
     "dali_prefetched": ("experts", "system report: dali", "experts prefetched"),
     "dali_scratch": ("experts", "system report: dali", "one-use copies"),
+    "dali_predicted_layers": ("layers", "system report: dali",
+                              "layer plans assigned from predicted loads (the rest from exact loads)"),
+    "horizon": ("forwards", "system report: dali", "forwards the time-correlation cache score sums over"),
     "inexact_layers": ("layers", "system report: oracle", "layer plans the solver could not prove optimal"),
     "planned_layers": ("layers", "system report: oracle", "layer plans made"),
     "model_gb": ("GB", "system report: gpu_only", "the whole model's weights, bf16"),
     "calibration_gain": ("fraction", "system report: gem", "modeled gain of gem's mapping over ep_linear's on "
                                                              "the calibration trace"),
     "calibration_score_s": ("s (modeled)", "system report: gem", "gem's mapping on the calibration trace"),
+    "gem_profiling_forwards": ("forwards", "system report: gem", "served forwards observed with ep_linear's mapping "
+                                                                 "before the online search (window=online)"),
     "ep_linear_calibration_score_s": ("s (modeled)", "system report: gem", "ep_linear's mapping on the same trace"),
     "gem_profile_samples": ("latency samples", "GEM's measures (gem)", "GEM's profile: every GPU's latency curve "
                                                                          "sampled at tile boundaries"),

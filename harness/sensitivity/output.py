@@ -105,6 +105,16 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
+def margin_label(speeds: dict[str, float], roles: Roles) -> str:
+    """The tornado's x label: the margin is the fastest non-baseline contender over the
+    fastest baseline, so it names both sides (not the 1x winner, which may be a baseline)."""
+    contenders = roles.contenders(speeds)
+    ours = [s for s in contenders if s not in roles.baselines]
+    theirs = [s for s in contenders if s in roles.baselines]
+    return (f"margin: best of {', '.join(ours) or '-'} over best of {', '.join(theirs) or '-'} "
+            "(tokens/s ratio, modeled)")
+
+
 def tornado_plot(cell: CellResult, roles: Roles, path: Path) -> Path:
     """Bars from the margin at the lowest factor to the margin at the highest, per constant,
     the widest on top; the 1x margin as a line."""
@@ -123,7 +133,7 @@ def tornado_plot(cell: CellResult, roles: Roles, path: Path) -> Path:
     ax.axvline(base, color="black", linewidth=1)
     ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
     ax.set_yticks(range(len(rows)), [label_of(c) for c, _, _ in rows])
-    ax.set_xlabel(f"margin: best of {roles.winner(cell.base)}'s side over best baseline (modeled)")
+    ax.set_xlabel(margin_label(cell.base, roles))
     ax.set_title(f"{cell.name}: what moves the margin ({base:.2f}x at 1x)")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

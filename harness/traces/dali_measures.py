@@ -26,9 +26,11 @@ chosen by the rule; a miss that finds no slot is not cached (a one-use copy).
   lru       misses heaviest first (ties: lower id); victim: least recently used (the
             forward that last routed it; ties: the lower id, the initial contents in id order)
   lfu       misses heaviest first; victim: fewest forwards that routed it so far (ties: lower id)
-  workload  dali's replacement (systems/dali.py): a decayed score s <- decay * s + load per
-            forward, updated before admission; misses highest score first (ties: lower id);
-            victim: lowest score (ties: lower id), replaced only when the miss scores higher
+  workload  dali's replacement (systems/dali.py): the time-correlation score, the tokens
+            routed to the expert over the layer's last `horizon` forwards (this one
+            included: updated before admission); misses highest score first (ties: lower
+            id); victim: lowest score (ties: lower id), replaced only when the miss scores
+            higher (a pure cache: nothing forces a miss in)
 
 hit rate = hits / demanded experts, over every forward and layer of a phase. Phases are
 the forwards' kinds (prefill, decode; denoise and commit for block diffusion); figures
@@ -47,7 +49,8 @@ from systems.dali import DaliConfig
 PREDICTORS = ("residual", "token_count")
 REPLACEMENTS = ("workload", "lru", "lfu")
 
-DEFAULT_DECAY = DaliConfig.decay  # the workload score's decay when a run's system has none: DALI's default
+# the time-correlation score's horizon when a run's system has none: DALI's default
+DEFAULT_HORIZON = DaliConfig.horizon
 
 
 def kinds_of(trace: RoutingTrace) -> np.ndarray:
@@ -94,7 +97,7 @@ def predictor_counts(loads: np.ndarray, hints: np.ndarray | None, k: int
 
 
 # ---- cache replays ---------------------------------------------------------------------
-def replay_cache(loads: np.ndarray, capacity: int, rule: str, decay: float = DEFAULT_DECAY) -> np.ndarray:
+def replay_cache(loads: np.ndarray, capacity: int, rule: str, horizon: int = DEFAULT_HORIZON) -> np.ndarray:
     """Per forward [F]: demanded experts found in the cache, under replacement `rule`
     (lru | lfu | workload), every layer at once. loads int [F, L, E].
 
@@ -119,7 +122,7 @@ def replay_cache(loads: np.ndarray, capacity: int, rule: str, decay: float = DEF
         load = loads[f].astype(np.int64)
         demand = load > 0
         hits[f] = np.count_nonzero(demand & cached)
-        score = decay * score + load
+        score = score + load - (loads[f - horizon].astype(np.int64) if f >= horizon else 0)
         if rule == "workload":
             priority, victim_key = -score, score
         else:
@@ -186,19 +189,20 @@ def prediction_measures(kinds: np.ndarray, loads: np.ndarray, hints: np.ndarray 
 
 
 def cache_measures(kinds: np.ndarray, loads: np.ndarray, capacity: int,
-                   decay: float = DEFAULT_DECAY) -> dict[str, float]:
+                   horizon: int = DEFAULT_HORIZON) -> dict[str, float]:
     """cache_hit_rate_<rule>[_<phase>]; a phase that demanded nothing reports none."""
     out: dict[str, float] = {}
     demanded = (loads > 0).sum(axis=(1, 2))
     for rule in REPLACEMENTS:
-        hits = replay_cache(loads, capacity, rule, decay)
+        hits = replay_cache(loads, capacity, rule, horizon)
         for phase, (h, d) in by_phase(kinds, (hits, demanded)).items():
             if d:
                 out[_name(f"cache_hit_rate_{rule}", phase)] = ratio(h, d)
     return out
 
 
-def measures_of_trace(trace: RoutingTrace, capacity: int, top_k: int, decay: float = DEFAULT_DECAY) -> dict[str, float]:
+def measures_of_trace(trace: RoutingTrace, capacity: int, top_k: int,
+                      horizon: int = DEFAULT_HORIZON) -> dict[str, float]:
     """Both kinds of measure over a RoutingTrace; the residual predictor over the forwards
     that recorded hints (a replayed trace may lack them), everything else over every forward."""
     loads = trace.loads.numpy()
@@ -212,5 +216,5 @@ def measures_of_trace(trace: RoutingTrace, capacity: int, top_k: int, decay: flo
             hints, valid = recorded
             residual = prediction_measures(kinds[valid], loads[valid], hints[valid], top_k)
             out.update({k: v for k, v in residual.items() if "_residual" in k})
-    out.update(cache_measures(kinds, loads, capacity, decay))
+    out.update(cache_measures(kinds, loads, capacity, horizon))
     return out

@@ -32,6 +32,10 @@ All of them read a `RoutingTrace` (loads [forwards, MoE layers, experts]):
   load_entropy_prefill,            load entropy of the prefill forwards and of the decoding ones,
   load_entropy_decode,             and how well a prompt's prefill popularity predicts its own
   prefill_decode_popularity_corr   decoding popularity (Pearson; harness/traces/locality.py)
+  repetition_mean, repetition_max, share of the generated tokens in a greedy decode loop (a short
+  looping_requests                 cycle repeated to the end), from the recorded token ids
+                                   (harness/traces/repetition.py); None without them and
+                                   for the uniform reference (routing does not make a loop)
 
 "Over the run" counts every forward (prefill, denoising and commit): all of them are
 served by the resident experts. `uniform_statistics` computes the same numbers for a trace
@@ -50,12 +54,13 @@ import torch
 from harness.common.errors import HarnessError, exit_with
 from harness.placement.trace import RoutingTrace
 from harness.traces.locality import lru_capacity, lru_hit_rate, prefill_decode, single_token_runs, temporal_locality
+from harness.traces.repetition import repetition_statistics
 from harness.traces.stability import stability_table
 
 STAT_KEYS = ("distinct_experts_per_layer_step", "top_b_share", "unused_experts_per_layer", "popularity_cv",
              "cross_prompt_popularity_corr", "tokens_per_denoise_step", "top_b_share_step", "load_entropy",
              "temporal_locality", "lru_hit_rate", "load_entropy_prefill", "load_entropy_decode",
-             "prefill_decode_popularity_corr")
+             "prefill_decode_popularity_corr", "repetition_mean", "repetition_max", "looping_requests")
 
 
 def _finite(x: float) -> float | None:
@@ -146,7 +151,7 @@ def routing_statistics(trace: RoutingTrace, b: int, max_k: int = 8) -> dict[str,
     runs = single_token_runs(trace)
     capacity = lru_capacity(trace.n_experts)
     stats.update(temporal_locality=temporal_locality(runs), lru_hit_rate=lru_hit_rate(runs, capacity),
-                 **prefill_decode(trace, load_entropy, pearson_rows))
+                 **prefill_decode(trace, load_entropy, pearson_rows), **repetition_statistics(trace.meta))
     out: dict[str, Any] = {k: _finite(v) for k, v in stats.items()}
     out["cosine_by_k"] = [_finite(c) for c in cosine]
     out["B"] = b
@@ -182,6 +187,8 @@ def uniform_like(trace: RoutingTrace, seed: int = 0) -> RoutingTrace:
 def uniform_statistics(trace: RoutingTrace, b: int, max_k: int = 8, seed: int = 0) -> dict[str, Any]:
     stats = routing_statistics(uniform_like(trace, seed), b, max_k)
     stats["tokens_per_denoise_step"] = None  # a property of the model's confidence, not of routing
+    for key in ("repetition_mean", "repetition_max", "looping_requests"):
+        stats[key] = None  # a property of the decoded text, not of routing
     return stats
 
 

@@ -27,13 +27,16 @@ def phi_reference(on_gpu: np.ndarray, loads: np.ndarray, gpu: np.ndarray, cpu: n
     return max(in_order_sum(gpu[routed & on_gpu].tolist()), in_order_sum(cpu[routed & ~on_gpu].tolist()))
 
 
-def greedy_pass_reference(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+def greedy_pass_reference(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray, cap: int) -> np.ndarray:
     """Test-only reference: heaviest first (ties to the lower id), each routed expert to the
     side whose finish time after taking it is smaller; ties to the GPU if it costs no more
-    there."""
+    there; the CPU once `cap` are on the GPU."""
     on_gpu = np.zeros(loads.shape[0], bool)
     sides = {"gpu": 0.0, "cpu": 0.0}
     for e in sorted(np.flatnonzero(loads > 0).tolist(), key=lambda e: -loads[e]):
+        if on_gpu.sum() >= cap:
+            sides["cpu"] += cpu[e]
+            continue
         finish_gpu = max(sides["gpu"] + gpu[e], sides["cpu"])
         finish_cpu = max(sides["gpu"], sides["cpu"] + cpu[e])
         if finish_gpu < finish_cpu or (finish_gpu == finish_cpu and gpu[e] <= cpu[e]):
@@ -44,11 +47,12 @@ def greedy_pass_reference(loads: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -
     return on_gpu
 
 
-def refine_reference(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+def refine_reference(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cpu: np.ndarray,
+                     cap: int) -> np.ndarray:
     """Test-only reference: the refinement evaluated everywhere, each round: every single
     move, then every swap [GPU e, CPU f]; the first best move in id order, a swap only if
-    strictly lower (the first in (e, f) order); side sums added in id order. Stops when the
-    best change does not lower Phi by a relative 1e-12."""
+    strictly lower (the first in (e, f) order); side sums added in id order; no move to the
+    GPU when `cap` are there. Stops when the best change does not lower Phi by a relative 1e-12."""
     on_gpu = on_gpu.copy()
     while True:
         gpu_side = cpu_side = 0.0
@@ -59,6 +63,8 @@ def refine_reference(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cp
                 cpu_side += cpu[e]
         moved = np.where(on_gpu, np.maximum(gpu_side - gpu, cpu_side + cpu), np.maximum(gpu_side + gpu, cpu_side - cpu))
         moved[~routed] = np.inf
+        if on_gpu.sum() >= cap:
+            moved[~on_gpu] = np.inf
         g_ids, c_ids = np.flatnonzero(on_gpu), np.flatnonzero(routed & ~on_gpu)
         swapped = np.maximum(gpu_side - gpu[g_ids, None] + gpu[None, c_ids],
                              cpu_side - cpu[None, c_ids] + cpu[g_ids, None])
@@ -72,10 +78,10 @@ def refine_reference(on_gpu: np.ndarray, routed: np.ndarray, gpu: np.ndarray, cp
 
 
 def assign_reference(loads: np.ndarray, held: np.ndarray, gpu_table: np.ndarray, cpu_table: np.ndarray,
-                     copy_one: float) -> tuple[np.ndarray, float]:
+                     copy_one: float, cap: int) -> tuple[np.ndarray, float]:
     """Test-only reference: the side costs, the heaviest-first pass, the refinement; and Phi."""
     gpu, cpu = side_costs_reference(loads, held, gpu_table, cpu_table, copy_one)
-    on_gpu = refine_reference(greedy_pass_reference(loads, gpu, cpu), loads > 0, gpu, cpu)
+    on_gpu = refine_reference(greedy_pass_reference(loads, gpu, cpu, cap), loads > 0, gpu, cpu, cap)
     return on_gpu, phi_reference(on_gpu, loads, gpu, cpu)
 
 
@@ -118,9 +124,11 @@ def test_greedy_pass_is_heaviest_first_to_the_earlier_side(data: st.DataObject) 
     n = data.draw(sizes(0, 24))
     loads_ = data.draw(loads(n, top=10))
     _, gpu, cpu = costs(data, n)
+    cap = data.draw(st.integers(0, n + 1))
     on_gpu = np.zeros(n, bool)
-    _greedy_pass(loads_, gpu, cpu, on_gpu)
-    assert same_bits(on_gpu, greedy_pass_reference(loads_, gpu, cpu))
+    _greedy_pass(loads_, gpu, cpu, on_gpu, cap)
+    assert same_bits(on_gpu, greedy_pass_reference(loads_, gpu, cpu, cap))
+    assert on_gpu.sum() <= cap
 
 
 def test_the_compiled_refinement_skips_only_swaps_that_cannot_win() -> None:
@@ -137,7 +145,8 @@ def test_the_compiled_refinement_skips_only_swaps_that_cannot_win() -> None:
         if rng.random() < 0.5:  # and without ties
             gpu, cpu = gpu * rng.uniform(0.9, 1.1, n), cpu * rng.uniform(0.9, 1.1, n)
         start = routed & (rng.random(n) < 0.5)
-        assert same_bits(refine(start, routed, gpu, cpu), refine_reference(start, routed, gpu, cpu))
+        cap = int(start.sum() + rng.integers(0, 3)) if rng.random() < 0.5 else n
+        assert same_bits(refine(start, routed, gpu, cpu, cap), refine_reference(start, routed, gpu, cpu, cap))
 
 
 @KERNEL
@@ -146,16 +155,19 @@ def test_refine_on_any_start(data: st.DataObject) -> None:
     n = data.draw(sizes(0, 24))
     routed, gpu, cpu = costs(data, n)
     start = routed & data.draw(masks(n))
+    cap = int(start.sum()) + data.draw(st.integers(0, 3))
     on_gpu = start.copy()
-    _refine(on_gpu, routed.astype(np.int64), gpu, cpu)
-    assert same_bits(on_gpu, refine_reference(start, routed, gpu, cpu))
+    _refine(on_gpu, routed.astype(np.int64), gpu, cpu, cap)
+    assert same_bits(on_gpu, refine_reference(start, routed, gpu, cpu, cap))
+    assert on_gpu.sum() <= cap
 
 
 @KERNEL
 @given(st.data())
 def test_assign_is_greedy_then_refined(data: st.DataObject) -> None:
     loads_, held, gpu_table, cpu_table, copy_one = layer(data)
+    cap = data.draw(st.integers(0, loads_.shape[0] + 1))
     on_gpu = np.zeros(loads_.shape[0], bool)
-    phi = _assign(loads_, held, gpu_table, cpu_table, copy_one, on_gpu)
-    want_on_gpu, want_phi = assign_reference(loads_, held, gpu_table, cpu_table, copy_one)
-    assert same_bits(on_gpu, want_on_gpu) and same_bits(phi, want_phi)
+    phi = _assign(loads_, held, gpu_table, cpu_table, copy_one, on_gpu, cap)
+    want_on_gpu, want_phi = assign_reference(loads_, held, gpu_table, cpu_table, copy_one, cap)
+    assert same_bits(on_gpu, want_on_gpu) and same_bits(phi, want_phi) and on_gpu.sum() <= cap

@@ -88,7 +88,11 @@ def test_the_scope_is_checked_and_recorded() -> None:
 def run_dali(scope: str, forwards: int = 4, **options) -> OffloadEngine:
     """Layer 0 routes experts 4..7 with many tokens each, layer 1 one token to expert 0."""
     engine = OffloadEngine(make_system("dali", {"prefetch": False, **options}), GEO, B, COST, budget_scope=scope)
-    engine.prepare(None)
+    profile = RoutingTrace(2, 8)  # dali's workload profile: experts 0 and 1 first in both layers
+    profile.add_step(StepInfo(0, 0, 0, 0, True))
+    for layer in range(2):
+        profile.record(layer, torch.tensor([2, 1, 0, 0, 0, 0, 0, 0]))
+    engine.prepare(profile)
     for step in range(forwards):
         engine.begin_step(StepInfo(0, 0, step, step, True), 64, 64)
         engine.plan_layer(0, torch.tensor([0, 0, 0, 0, 64, 64, 64, 64]))

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from harness.accounting.cost import CostModel, HardwareConfig, expert_shape
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
+from harness.placement.trace import RoutingTrace
 from systems.dali_assign import finish_time, greedy_assignment, greedy_pass, side_costs
 from systems.registry import make_system
 from tests.system_drive import engine, geometry, loads, step
@@ -37,6 +38,25 @@ HARDWARE = {
 # 0..19999 on each of the five profiles) was 1.494; the mean is within 1% of optimal.
 PROVED_BOUND = 2.0
 MEASURED_BOUND = 1.5
+
+
+def profile(n_layers: int, n_experts: int, hot: list[int]) -> RoutingTrace:
+    """A calibration trace (the workload profile) whose top experts in every layer are
+    `hot`, the first the most popular."""
+    trace = RoutingTrace(n_layers, n_experts)
+    trace.add_step(step(0, 0, 0, kind="prefill"))
+    load = torch.zeros(n_experts, dtype=torch.long)
+    for rank, e in enumerate(hot):
+        load[e] = 10 * (len(hot) - rank)
+    for layer in range(n_layers):
+        trace.record(layer, load)
+    return trace
+
+
+def dali(options: dict, geo=GEO, capacity: int = 2, hot: list[int] | None = None):
+    """An engine over dali whose profile makes `hot` (default 0..capacity-1) its residents."""
+    return engine("dali", options, geo, capacity, profile(geo.n_moe_layers, geo.num_experts,
+                                                           list(range(capacity)) if hot is None else hot))
 
 
 def _ids(field: object) -> list[int]:
@@ -107,7 +127,7 @@ def test_refinement_repairs_a_case_where_heaviest_first_is_almost_twice_the_opti
 
 
 def test_a_heavy_missing_expert_is_copied_and_the_idle_cpu_takes_the_light_ones() -> None:
-    eng = engine("dali", {"prefetch": False}, GEO, 2)  # resident {0, 1}
+    eng = dali({"prefetch": False})  # resident {0, 1}
     eng.begin_step(step(1, 0, 0), 2000, 2000)
     load = loads(12, e0=3, e5=2000, e6=2, e7=1)
     plan = eng.plan_layer(0, load)
@@ -127,7 +147,7 @@ def test_a_heavy_missing_expert_is_copied_and_the_idle_cpu_takes_the_light_ones(
 def _history(replacement: bool):
     """Capacity 3 holding {0, 1, 2}; after two steps expert 0 is the least recent but the
     busiest, expert 1 the least busy; then a heavy miss needs a slot."""
-    eng = engine("dali", {"prefetch": False, "replacement": replacement}, GEO, 3)
+    eng = dali({"prefetch": False, "replacement": replacement}, capacity=3)
     for g, load in enumerate([loads(12, e0=50, e2=1), loads(12, e1=1, e2=1)]):
         eng.begin_step(step(1, g, g), 50, 50)
         plan = eng.plan_layer(0, load)
@@ -137,7 +157,7 @@ def _history(replacement: bool):
     return eng, eng.plan_layer(0, loads(12, e5=2000))
 
 
-def test_replacement_evicts_the_lowest_decayed_workload_score() -> None:
+def test_replacement_evicts_the_lowest_time_correlation_score() -> None:
     eng, plan = _history(replacement=True)
     assert _ids(plan.fetch_sync) == [5] and _ids(plan.evict) == [1] and not _ids(plan.scratch)
     assert eng.layer_resident(0) == {0, 2, 5}
@@ -149,8 +169,8 @@ def test_replacement_off_is_lru() -> None:
     assert eng.layer_resident(0) == {1, 2, 5}
 
 
-def test_a_copied_expert_that_scores_below_every_resident_goes_to_scratch() -> None:
-    eng = engine("dali", {"prefetch": False}, GEO, 1)  # resident {0}
+def test_without_the_limit_a_copied_expert_that_scores_below_every_resident_goes_to_scratch() -> None:
+    eng = dali({"prefetch": False, "gpu_limit": False}, capacity=1)  # resident {0}
     for g in range(3):
         eng.begin_step(step(1, g, g), 3000, 3000)
         plan = eng.plan_layer(0, loads(12, e0=3000))
@@ -163,7 +183,7 @@ def test_a_copied_expert_that_scores_below_every_resident_goes_to_scratch() -> N
 
 # ---- prefetch and the ablation switches ---------------------------------------------
 def test_prefetch_copies_the_predicted_heaviest_and_keeps_the_predicted_top_b() -> None:
-    eng = engine("dali", {"prefetch_k": 2}, geometry(2, 8), 2)  # both layers hold {0, 1}
+    eng = dali({"prefetch_k": 2}, geometry(2, 8))  # both layers hold {0, 1}
     eng.begin_step(step(1, 0, 0), 4, 4)
     hint = torch.tensor([5.0, 0.1, 0, 0, 0, 0, 3.0, 2.0])  # layer 1's predicted top-2: 0 and 6
     # five 8-token misses keep the CPU busy for ~1.02 copy times (copying one would not
@@ -178,7 +198,7 @@ def test_prefetch_copies_the_predicted_heaviest_and_keeps_the_predicted_top_b() 
 
 
 def test_prefetch_waits_for_an_idle_link() -> None:
-    eng = engine("dali", {"prefetch_k": 4}, geometry(2, 8), 2)
+    eng = dali({"prefetch_k": 4}, geometry(2, 8))
     eng.begin_step(step(1, 0, 0), 4, 4)
     hint = torch.tensor([5.0, 0.1, 0, 0, 0, 0, 3.0, 2.0])
     plan = eng.plan_layer(0, loads(8, e0=1), hint)  # a 13 us layer: no time to copy anything
@@ -186,7 +206,8 @@ def test_prefetch_waits_for_an_idle_link() -> None:
 
 
 def test_prefetch_off_asks_for_no_hint_and_moves_nothing_ahead() -> None:
-    eng = engine("dali", {"prefetch": False}, geometry(2, 8), 2)
+    assert dali({"prefetch": False}, geometry(2, 8)).system.wants_hint  # the assignment predicts from it
+    eng = dali({"prefetch": False, "assign_loads": "exact"}, geometry(2, 8))
     assert not eng.system.wants_hint
     eng.begin_step(step(1, 0, 0), 4, 4)
     plan = eng.plan_layer(0, loads(8, e0=1), torch.tensor([0, 0, 0, 0, 0, 0, 9.0, 0]))
@@ -194,7 +215,7 @@ def test_prefetch_off_asks_for_no_hint_and_moves_nothing_ahead() -> None:
 
 
 def test_assign_off_puts_residents_on_the_gpu_and_the_rest_on_the_cpu() -> None:
-    eng = engine("dali", {"assign": False, "prefetch": False}, GEO, 2)
+    eng = dali({"assign": False, "prefetch": False})
     eng.begin_step(step(1, 0, 0), 3000, 3000)
     plan = eng.plan_layer(0, loads(12, e0=3, e5=3000))  # the greedy would copy 5
     assert np.flatnonzero(plan.gpu).tolist() == [0] and np.flatnonzero(plan.cpu).tolist() == [5]
@@ -203,7 +224,8 @@ def test_assign_off_puts_residents_on_the_gpu_and_the_rest_on_the_cpu() -> None:
 
 @pytest.mark.parametrize(
     ("options", "key"),
-    [({"assign": "yes"}, "system.assign"), ({"prefetch_k": 0}, "system.prefetch_k"), ({"decay": 1.0}, "system.decay")],
+    [({"assign": "yes"}, "system.assign"), ({"prefetch_k": 0}, "system.prefetch_k"), ({"horizon": 0}, "system.horizon"),
+     ({"assign_loads": "oracle"}, "system.assign_loads"), ({"gpu_limit": 1}, "system.gpu_limit")],
 )
 def test_dali_rejects_invalid_options(options: dict, key: str) -> None:
     with pytest.raises(HarnessError, match=re.escape(key)):
@@ -216,5 +238,73 @@ VARIANTS = [
     {"assign": False},
     {"prefetch": False},
     {"replacement": False},
-    {"prefetch_k": 2, "decay": 0.0},
+    {"prefetch_k": 2, "horizon": 1},
+    {"assign_loads": "exact"},
+    {"gpu_limit": False},
 ]
+
+
+# ---- the memory limit, the initial residency, predicted loads -------------------------
+def test_the_initial_residents_are_the_profile_top_b_not_the_first_ids() -> None:
+    eng = dali({}, capacity=3, hot=[7, 2, 9, 4])
+    assert eng.layer_resident(0) == {7, 2, 9}
+
+
+def test_dali_without_a_profile_is_refused() -> None:
+    with pytest.raises(HarnessError, match="calibration"):
+        engine("dali", {}, GEO, 2)
+
+
+def test_under_the_limit_a_layer_never_computes_more_than_b_experts_on_the_gpu() -> None:
+    """Heavy loads everywhere would put every expert on the GPU without the limit; with it
+    no plan has more than B GPU experts, nothing goes to scratch and residency stays B."""
+    rng = np.random.default_rng(0)
+    for capacity in (1, 2, 3):
+        eng = dali({"prefetch": False}, capacity=capacity)
+        free = dali({"prefetch": False, "gpu_limit": False}, capacity=capacity)
+        over = 0
+        for g in range(40):
+            load = torch.from_numpy(rng.integers(0, 3000, 12) * (rng.random(12) < 0.7))
+            for e, limited in ((eng, True), (free, False)):
+                e.begin_step(step(1, g, g), 3000, 3000)
+                plan = e.plan_layer(0, load)
+                if limited:
+                    assert plan.gpu.sum() <= capacity and not _ids(plan.scratch)
+                    assert len(e.layer_resident(0)) <= capacity
+                else:
+                    over += plan.gpu.sum() > capacity
+                e.end_step()
+        assert over > 0  # the case is one where the limit binds
+        assert eng.summary()["copies_scratch"] == 0
+
+
+def test_under_the_limit_the_scratch_case_computes_the_newcomer_on_the_cpu() -> None:
+    eng = dali({"prefetch": False}, capacity=1)  # resident {0}
+    eng.begin_step(step(1, 0, 0), 3000, 3000)
+    plan = eng.plan_layer(0, loads(12, e0=1000, e3=900))
+    assert np.flatnonzero(plan.gpu).tolist() == [0] and np.flatnonzero(plan.cpu).tolist() == [3]
+    assert not _ids(plan.scratch) and eng.layer_resident(0) == {0}
+
+
+def test_predicted_loads_decide_the_assignment_and_exact_loads_are_an_option() -> None:
+    """Layer 1's hint (handed at layer 0) predicts expert 5 heavy; the true load puts 2000
+    tokens on expert 4 instead. From the prediction dali copies nothing for 4 (it was not
+    named: the CPU computes it); from the exact loads it copies 4."""
+    geo = geometry(2, 12)
+    hint = torch.zeros(12)
+    hint[5], hint[0] = 0.9, 0.1
+    for assign_loads, gpu in (("predicted", [0]), ("exact", [4])):
+        eng = dali({"prefetch": False, "assign_loads": assign_loads}, geo)
+        eng.begin_step(step(1, 0, 0), 2000, 2000)
+        eng.plan_layer(0, loads(12, e0=1), hint)
+        plan = eng.plan_layer(1, loads(12, e0=1, e4=2000))
+        assert np.flatnonzero(plan.gpu).tolist() == gpu, assign_loads
+        assert eng.system.report()["assign_loads"] == assign_loads
+
+
+def test_scale_to_pairs_keeps_the_total_and_rounds_by_largest_remainder() -> None:
+    from systems.dali_assign import scale_to_pairs
+
+    assert scale_to_pairs(np.array([5.0, 0.1, 0, 0, 0, 0, 3.0, 2.0]), 4).tolist() == [2, 0, 0, 0, 0, 0, 1, 1]
+    assert scale_to_pairs(np.zeros(3), 5).tolist() == [0, 0, 0]
+    assert scale_to_pairs(np.array([1.0, 1.0, 1.0]), 4).tolist() == [2, 1, 1]

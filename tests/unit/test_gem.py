@@ -49,6 +49,9 @@ def multi(*speeds: float) -> Topology:
 
 
 def ep_engine(name: str, options: dict, geo: LLaDA2Config, topology: Topology, calibration=None) -> OffloadEngine:
+    """gem searches its calibration window here unless the options ask for the online one."""
+    if name == "gem":
+        options = {"window": "calibration", **options}
     eng = OffloadEngine(make_system(name, options), geo, 0, CostModel(geo, HardwareConfig()), topology=topology)
     eng.prepare(calibration)
     return eng
@@ -78,12 +81,13 @@ def random_loads(gen: torch.Generator, n_steps: int, n_layers: int, n_experts: i
 
 def score(cost: CostModel, speeds: tuple[float, ...], loads: torch.Tensor, mapping: torch.Tensor) -> float:
     """The slowest GPU's time summed over steps, written out (not gem's own code): each GPU
-    sums the cost model's time of the experts it owns, divided by its speed."""
+    sums the cost model's grouped-GEMM time of the experts it owns, divided by its speed."""
     total = 0.0
     for load in loads:
         busy = [0.0] * len(speeds)
         for e, n in enumerate(load.tolist()):
-            busy[int(mapping[e])] += cost.gpu_expert_time(n) / speeds[int(mapping[e])]
+            one = float(cost.grouped_gpu_expert_times(torch.tensor([n]))[0])
+            busy[int(mapping[e])] += one / speeds[int(mapping[e])]
         total += max(busy)
     return total
 
@@ -137,8 +141,9 @@ def test_the_engine_charges_an_expert_parallel_layer_as_its_slowest_gpu() -> Non
     eng.begin_step(StepInfo(0, 1, 0, 0, False), 8, 8)
     plan = eng.plan_layer(0, load)
     eng.end_step()
-    gpu0 = cost.gpu_expert_time(400) + cost.gpu_expert_time(10)
-    gpu1 = (cost.gpu_expert_time(900) + cost.gpu_expert_time(1)) / 0.5
+    one = cost.grouped_gpu_expert_times  # a GPU's experts as one grouped GEMM (rows padded to 64)
+    gpu0 = float(one(torch.tensor([400])) + one(torch.tensor([10])))
+    gpu1 = float(one(torch.tensor([900])) + one(torch.tensor([1]))) / 0.5
     s = eng.summary()
     assert plan.device.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert s["time_gpu_experts_s"] == pytest.approx(max(gpu0, gpu1))
@@ -196,7 +201,7 @@ def test_gem_never_scores_worse_than_ep_linear_on_its_calibration_window(
         mapping = gem.system.mappings[layer]
         assert torch.equal(torch.bincount(mapping, minlength=n_gpus), torch.bincount(linear, minlength=n_gpus))
         gem_s, linear_s = (score(cost, topology.speeds, window[:, layer], m) for m in (mapping, linear))
-        if tile == 1:  # the curves are the cost model itself: gem's objective is this score
+        if tile in (1, 64):  # the curves are the cost model itself (64: the profile's tile): gem's objective
             assert gem_s <= linear_s * (1 + 1e-9)
     report = gem.system.report()
     assert report["calibration_score_s"] <= report["ep_linear_calibration_score_s"] * (1 + 1e-12)
@@ -247,7 +252,7 @@ def test_swaps_stop_at_a_map_no_single_swap_improves() -> None:
 def test_gem_needs_a_calibration_trace_and_valid_options() -> None:
     with pytest.raises(HarnessError, match="calibration"):
         ep_engine("gem", {}, geometry(1, 8), multi(1, 1))
-    for options in ({"tile": 0}, {"starts": 0}, {"noise": 2.0}, {"calibration_steps": 0}):
+    for options in ({"tile": -1}, {"starts": 0}, {"noise": 2.0}, {"calibration_steps": 0}, {"window": "offline"}):
         with pytest.raises(HarnessError, match=f"system.{next(iter(options))}"):
             make_system("gem", options)
 
@@ -275,12 +280,75 @@ def test_expert_parallel_systems_compute_every_routed_expert_once_on_a_gpu(
                 assert eng.layer_resident(layer) == set(range(16))
                 busy = [0.0] * n_gpus
                 for e in torch.nonzero(load).flatten().tolist():
-                    busy[int(plan.device[e])] += eng.cost.gpu_expert_time(int(load[e])) / topology.speeds[
-                        int(plan.device[e])
-                    ]
+                    one = float(eng.cost.grouped_gpu_expert_times(load[e:e + 1])[0])
+                    busy[int(plan.device[e])] += one / topology.speeds[int(plan.device[e])]
                 expected += max(busy)
             eng.end_step()
         s = eng.summary()
         assert (s["missed_pairs"], s["io_bytes"], s["cpu_expert_tokens"], s["time_cpu_experts_s"]) == (0, 0, 0, 0)
         assert s["time_gpu_experts_s"] == pytest.approx(expected)
         assert s["time_gpu_experts_s"] + s["time_non_expert_s"] == pytest.approx(s["modeled_time_s"])
+
+
+# ---- the grouped-GEMM staircase ---------------------------------------------------------
+def test_equal_active_expert_counts_with_different_token_counts_get_different_latencies() -> None:
+    """Two mappings of one load over 2 GPUs, each GPU running 2 experts in both: in the first
+    GPU 0 holds the two 100-token experts (4 M tiles of 64), in the second each GPU one
+    100-token and one 10-token expert (3 tiles each). Same active-expert counts, different
+    latencies; the balanced one is faster."""
+    geo = geometry(1, 4)
+    cost = CostModel(geo, HardwareConfig())
+    topology = multi(1.0, 1.0)
+    load = torch.tensor([100, 100, 10, 10])
+    lumped, balanced = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1])
+    assert torch.bincount(lumped).tolist() == torch.bincount(balanced).tolist() == [2, 2]
+    t_lumped, t_balanced = (topology.layer_time(cost, load, m) for m in (lumped, balanced))
+    assert t_balanced < t_lumped
+    # the step: one more 64-token tile of tensor-core time on the slower GPU
+    tile_s = cost.flops_per_token * 64 / (HardwareConfig().gpu_bf16_tflops * 1e12)
+    assert t_lumped - t_balanced == pytest.approx(tile_s)
+
+
+def test_the_latency_is_a_staircase_at_the_profile_tile() -> None:
+    cost = CostModel(geometry(1, 4), HardwareConfig(gpu_gemm_tile=32))
+    t = cost.grouped_gpu_expert_times(torch.tensor([0, 1, 32, 33, 64, 65]))
+    assert t[0] == 0 and t[1] == t[2] and t[3] == t[4] and t[2] < t[3] < t[5]
+    with pytest.raises(HarnessError, match="gpu_gemm_tile"):
+        HardwareConfig(gpu_gemm_tile=0)
+
+
+def test_gem_profiles_at_the_hardware_tile_by_default() -> None:
+    gen = torch.Generator().manual_seed(1)
+    window = denoise_trace(random_loads(gen, 4, 1, 8, 1.0) * 40)
+    gem = ep_engine("gem", {}, geometry(1, 8), multi(1.0, 0.8), window)
+    assert gem.system.tile == 64 and gem.system.profiling_cost()["gem_profile_error_max"] == 0.0
+
+
+# ---- the online profiling window --------------------------------------------------------
+def test_online_gem_serves_its_first_forwards_with_ep_linear_then_the_map_searched_on_them() -> None:
+    """The first 4 in-block forwards of the served trace are served with ep_linear's map
+    and observed; from the 5th GEM serves the map its search finds on exactly those loads
+    (what the calibration window finds when the calibration trace is those 4 forwards)."""
+    gen = torch.Generator().manual_seed(3)
+    geo, topology = geometry(2, 8), multi(1.0, 0.7)
+    loads = random_loads(gen, 8, 2, 8, 1.2)
+    served = denoise_trace(loads)
+    online = ep_engine("gem", {"window": "online", "calibration_steps": 4, "starts": 2}, geo, topology)
+    offline = ep_engine("gem", {"calibration_steps": 4, "starts": 2}, geo, topology, denoise_trace(loads[:4]))
+    linear = linear_mapping(8, 2)
+    for s, info in enumerate(served.steps):
+        online.begin_step(info, 8, 8)
+        for layer in range(2):
+            plan = online.plan_layer(layer, loads[s, layer])
+            routed = loads[s, layer] > 0
+            want = linear if s < 4 else offline.system.mappings[layer]
+            assert torch.equal(torch.from_numpy(np.asarray(plan.device))[routed], want[routed]), (s, layer)
+        online.end_step()
+    assert online.system.report()["gem_profiling_forwards"] == 4
+    assert torch.equal(online.system.mappings, offline.system.mappings)
+
+
+def test_online_gem_needs_no_calibration_and_stays_linear_on_a_short_run() -> None:
+    eng = ep_engine("gem", {"window": "online"}, geometry(1, 8), multi(1.0, 0.5))
+    assert torch.equal(eng.system.mappings[0], linear_mapping(8, 2))
+    assert eng.system.report()["calibration_gain"] == 0.0

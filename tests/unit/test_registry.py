@@ -31,7 +31,8 @@ def test_capabilities():
     assert REGISTRY["fiddler"].batch_planner is FiddlerBatchPlanner
     assert REGISTRY["tide"].batch_planner is TideBatchPlanner
     calibrates = {n for n, e in REGISTRY.items() if e.needs_calibration(make_system(n, {}))}
-    assert calibrates == {"fiddler", "static_split", "tide", "gem"}  # tide's default tau=auto solves tau* on one
+    assert calibrates == {"fiddler", "static_split", "tide", "dali"}  # tide's default tau=auto solves tau* on one
+    assert REGISTRY["gem"].needs_calibration(make_system("gem", {"window": "calibration"}))  # online by default
     assert not REGISTRY["tide"].needs_calibration(make_system("tide", {"tau": 4}))
 
 

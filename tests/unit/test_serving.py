@@ -173,8 +173,8 @@ def test_profiling_cost_counts_samples_and_the_boundary_curves_error() -> None:
     # boundaries 0, 32, 64, 96, 128 on each GPU; a dense profile samples 0..100
     assert got["gem_profile_samples"] == 2 * 5 and got["gem_dense_profile_samples"] == 2 * 101
     n = np.arange(1, 101)
-    dense = cost.gpu_expert_times(torch.from_numpy(n)).numpy()
-    charged = cost.gpu_expert_times(torch.from_numpy(-(-n // 32) * 32)).numpy()
+    dense = cost.grouped_gpu_expert_times(torch.from_numpy(n)).numpy()
+    charged = cost.grouped_gpu_expert_times(torch.from_numpy(-(-n // 32) * 32)).numpy()
     error = np.abs(charged - dense) / dense
     assert got["gem_profile_error_mean"] == pytest.approx(error.mean())
     assert got["gem_profile_error_max"] == pytest.approx(error.max())

@@ -17,7 +17,7 @@ import torch
 
 from harness.accounting.cost import HardwareConfig
 from harness.bench import synthetic_trace
-from harness.job.measures import replacement_decay, system_figures
+from harness.job.measures import replacement_horizon, system_figures
 from harness.model.config import LLaDA2Config
 from harness.placement.plan import LayerPlan
 from harness.placement.system import ExpertCosts, System
@@ -26,7 +26,7 @@ from harness.sensitivity.__main__ import command
 from harness.sensitivity.analysis import Roles
 from harness.sensitivity.replayer import JobReplayer, JobSpec
 from harness.sensitivity.scaling import scaled
-from harness.traces.dali_measures import DEFAULT_DECAY
+from harness.traces.dali_measures import DEFAULT_HORIZON
 from systems.entry import SystemEntry, cost_free
 from systems.registry import costly_replays, make_system, names_with_role, registered, system_config
 
@@ -37,7 +37,7 @@ MINI = LLaDA2Config.published("llada2_mini")
 class ThrowawayConfig:
     name: str = "throwaway"
     overlap: bool = True
-    decay: float = 0.25  # read by its entry's measure_decay
+    horizon: int = 3  # read by its entry's measure_horizon
 
 
 class Throwaway(System):
@@ -120,10 +120,10 @@ def test_sensitivity_recharges_a_system_by_its_entrys_decision_key(key) -> None:
             assert not fast.never_uses("cpu")
 
 
-def test_a_runs_figures_and_measure_decay_come_from_the_entry() -> None:
+def test_a_runs_figures_and_measure_horizon_come_from_the_entry() -> None:
     with registered(entry()):
         assert system_figures(make_system("throwaway")) == {}
-        assert replacement_decay(system_config("throwaway")) == DEFAULT_DECAY
-    with registered(entry(figures=throwaway_figures, measure_decay=lambda config: config.decay)):
+        assert replacement_horizon(system_config("throwaway")) == DEFAULT_HORIZON
+    with registered(entry(figures=throwaway_figures, measure_horizon=lambda config: config.horizon)):
         assert system_figures(make_system("throwaway")) == {"throwaway_figure": 7.0}
-        assert replacement_decay(system_config("throwaway", {"decay": 0.75})) == 0.75
+        assert replacement_horizon(system_config("throwaway", {"horizon": 5})) == 5
