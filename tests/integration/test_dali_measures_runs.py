@@ -107,7 +107,9 @@ def test_serving_a_recording_in_batches(proxy_cache: Path, tmp_path: Path) -> No
         assert m["serving_batches"] == 1 and m["tpot_p50_s"] == m["tpot_p99_s"]  # one batch: one TPOT
         assert ("gem_profile_samples" in m) == (system == "gem")
         assert not any(k.startswith(("cpu_side_share", "cache_hit_rate")) for k in m)  # nothing offloaded
-    assert m["gem_profile_samples"] < m["gem_dense_profile_samples"]
+    # profiling at tile boundaries never needs more samples than every token count (as many here:
+    # the batch's largest expert load is under one tile)
+    assert m["gem_profile_samples"] <= m["gem_dense_profile_samples"]
 
 
 def test_a_live_run_refuses_a_batch_in_one_line() -> None:

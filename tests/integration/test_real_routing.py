@@ -64,7 +64,7 @@ def test_a_vllm_file_of_a_config_only_model_replays_under_every_system(tmp_path:
             assert m["decode_steps"] == m["generated_tokens"] - 3, system
     assert results["fiddler"].identity.calibration == f"{trace} (its last 1 requests, held out)"
     assert results["gpu_only"].identity.calibration is None
-    assert results["dali"].identity.hints == "none" and results["dali_no_prefetch"].identity.hints is None
+    assert results["dali"].identity.hints == "none" and results["fiddler"].identity.hints is None
     assert results["oracle"].metrics["modeled_time_s"] <= results["mixtral_offload"].metrics["modeled_time_s"]
     report(runs=[tmp_path / "runs"], out=tmp_path / "report", quiet=True)
     text = (tmp_path / "report" / "report.md").read_text()
@@ -106,13 +106,23 @@ def test_a_round_trip_through_vllms_format_keeps_every_counter(proxy_cache: Path
             assert counters(got, eos) == expected, (system, layout)
             # the import's routing statistics are the recording's (the same loads, forward for forward)
             kept, _ = hold_out(RoutingTrace.load(bare), 1, bare)
-            assert got.routing == statistics_with_uniform(kept, got.budget["experts_per_layer"]), (system, layout)
+            # (but the repetition statistic: vLLM's routed experts carry no token ids, so an import has none)
+            want = statistics_with_uniform(kept, got.budget["experts_per_layer"])
+            assert all(got.routing[k] is None for k in REPETITION), (system, layout)
+            assert without(got.routing, REPETITION) == without(want, REPETITION), (system, layout)
         if original.identity.hints is None:
             # a system that reads no hints replays the recording itself the same, but for the
             # predictor measures computed from the recorded hints
             mine = counters(original, eos)
             differ = {k for k in mine.keys() | expected.keys() if mine.get(k) != expected.get(k)}
             assert all("residual" in k for k in differ), (system, differ)
+
+
+REPETITION = ("looping_requests", "repetition_mean", "repetition_max")
+
+
+def without(stats: dict, keys: tuple[str, ...]) -> dict:
+    return {k: v for k, v in stats.items() if k not in keys}
 
 
 def counters(result: RunResult, eos: bool) -> dict:
