@@ -26,7 +26,7 @@ from typing import Any
 from harness.common.files import read_json, write_json_atomic
 from harness.traces.routing_stats import routing_metrics
 
-SCHEMA = 6  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
+SCHEMA = 7  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
 OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from", "calibration", "routing_source",

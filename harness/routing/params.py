@@ -216,3 +216,28 @@ class RegimeFile:
             raise HarnessError(f"regime file {where}: bad shape ({exc})") from None
         return cls(RoutingRegime.from_dict(data["regime"], where), shape, dict(data.get("fitted_from") or {}),
                    str(data.get("name") or Path(where).stem))
+
+
+@dataclass
+class RoutingConfig:
+    """The `routing` option of a run (conf/routing/*.yaml): `recorded` (the model's own routing,
+    recorded or imported) or a named regime, whose generated trace a replay runs over instead
+    (harness/job/replay.py): `regime` its knobs, `shape` its forwards (optional: else the run's
+    prompts, decode.gen_length and block), `calibration` requests generated and held out for
+    the systems that learn, `seed` the generator's."""
+
+    name: str = "recorded"
+    regime: dict[str, Any] = field(default_factory=dict)
+    shape: dict[str, Any] | None = None
+    seed: int = 0
+    calibration: int = 2
+    fitted_from: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated(self) -> bool:
+        return self.name != "recorded"
+
+    def regime_file(self) -> RegimeFile:
+        data = {"name": self.name, "regime": dict(self.regime), "shape": dict(self.shape) if self.shape else None,
+                "fitted_from": dict(self.fitted_from)}
+        return RegimeFile.from_dict(data, f"routing={self.name}")
