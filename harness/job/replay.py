@@ -123,10 +123,11 @@ def generated_traces(cfg: HarnessConfig, needs_calibration: bool
     """routing=<regime>: the trace generated for this model at the run's sizes (its prompts,
     decode.gen_length, block, cache), and its held-out calibration requests (generated for
     every system, so that every system replays the same requests)."""
+    from harness.routing.named import ANCHOR, anchor_of
     from harness.routing.replayable import generate_with_calibration
 
     r, d = cfg.routing, cfg.decode
-    regime = r.regime_file()
+    regime = anchor_of(str(cfg.model.name)) if r.name == ANCHOR else r.regime_file()
     trace, calibration = generate_with_calibration(
         regime, str(cfg.model.name), cfg.model.path if cfg.model.name == "hf" else None, r.seed, r.calibration,
         cfg.limit_prompts, None, d.gen_length, d.block_length, d.cache)
