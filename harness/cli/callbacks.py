@@ -138,6 +138,7 @@ class SweepCallback(Callback):
         FAILED_JOBS = sum(r["status"] == "failed" for r in records)
         try:
             files = write_sweep_summary(directory, records) if records else []
+            files += regime_map(config, directory)  # +experiment=routing_regimes: the map after its anchor jobs
         except OSError as exc:  # a full or read-only disk: the jobs' own results are already saved
             print(f"warning: the sweep summary was not written to {directory} ({exc.strerror or exc}); the jobs' "
                   "results are in their dirs: python -m harness.report --runs " + str(directory), file=sys.stderr)
@@ -189,6 +190,23 @@ def failed_lines(directory: Path) -> list[str]:
             error = "failed (its failed.json is unreadable)"
         lines.append(f"[failed] #{marker.parent.name}: {error}")
     return lines
+
+
+def regime_map(config: DictConfig, directory: Path) -> list[Path]:
+    """The regime map's files (docs/routing-regimes.md) for a sweep of +experiment=routing_regimes:
+    `python -m harness.regimes` into <sweep dir>/regime_map (its own process: it replays the
+    whole grid in one), logged with the sweep's summary."""
+    if "+experiment=routing_regimes" not in list(config.hydra.overrides.task):
+        return []
+    import subprocess
+
+    out = directory / "regime_map"
+    done = subprocess.run([sys.executable, "-m", "harness.regimes", f"out={out}", "tracking=false"], check=False)
+    if done.returncode != 0:
+        print(f"warning: the regime map failed (exit {done.returncode}); rerun python -m harness.regimes out={out}",
+              file=sys.stderr)
+        return []
+    return sorted(p for p in out.iterdir() if p.is_file())
 
 
 def skipped_by_resume(run_dir: Path) -> bool:

@@ -29,6 +29,7 @@ from harness.decode.decoding import DecodeSettings
 from harness.decode.workload import WorkloadConfig
 from harness.hybrid.backend import check_backend
 from harness.hybrid.repeats import TimingConfig
+from harness.routing.params import RoutingConfig
 from harness.tracking.settings import TrackingConfig
 from harness.zoo.entry import ModelConfig, model_names, models_with, nominal_geometry
 from harness.zoo.entry import entries as model_entries
@@ -84,6 +85,7 @@ class HarnessConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     source: str = "live"  # live: decode with the model | trace: replay a routing trace (harness/job/replay.py)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # generated routing (docs/routing-regimes.md)
     resume: bool = False  # skip jobs whose result exists for the same config hash (harness/job/resume.py)
     backend: str = "auto"  # auto | cpu | cuda | standin (harness/hybrid): where a live run executes its experts
     timing: TimingConfig = field(default_factory=TimingConfig)  # measured runs: warm-up and repeats
@@ -121,7 +123,8 @@ class HarnessConfig:
     def _check_model_capabilities(self) -> None:
         """What the run asks of the model against what its entry supports (harness/zoo)."""
         name, caps = self.model.name, self.model.entry.capabilities
-        require(caps.live_decode or (self.source == "trace" and self.trace.path is not None),
+        require(caps.live_decode or (self.source == "trace" and (self.trace.path is not None
+                                                                 or self.routing.generated)),
                 f"model={name} has no weights to decode: it replays imported routing traces only; use source=trace "
                 "trace.path=<trace.npz>")
         require(caps.device_backend or self.backend not in ("cuda", "standin"),
@@ -141,6 +144,13 @@ class HarnessConfig:
         require(self.source == "trace" or self.trace.path is None,
                  f"trace.path={self.trace.path!r} is read only by a replay (source=trace); a live run decodes "
                  "its own routing: add source=trace or drop trace.path")
+        if self.routing.generated:
+            require(self.source == "trace" and self.trace.path is None,
+                    f"routing={self.routing.name} replays generated routing in place of a trace: use source=trace "
+                    "without trace.path (or routing=recorded to replay the model's own)")
+            require(self.routing.seed >= 0 and self.routing.calibration >= 0,
+                    "routing.seed and routing.calibration must be whole numbers >= 0")
+            self.routing.regime_file()  # bad knobs are one line now
 
     def _check_lengths(self) -> None:
         """decode lengths against the model's positions (the published, or the proxy's,

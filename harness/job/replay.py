@@ -118,6 +118,22 @@ def hint_stand_in(trace: RoutingTrace, wants_hint: bool) -> str | None:
     return "recorded" if trace.has_hints else "none"
 
 
+def generated_traces(cfg: HarnessConfig, needs_calibration: bool
+                     ) -> tuple[RoutingTrace, RoutingTrace | None, Path]:
+    """routing=<regime>: the trace generated for this model at the run's sizes (its prompts,
+    decode.gen_length, block, cache), and its held-out calibration requests (generated for
+    every system, so that every system replays the same requests)."""
+    from harness.routing.named import ANCHOR, anchor_of
+    from harness.routing.replayable import generate_with_calibration
+
+    r, d = cfg.routing, cfg.decode
+    regime = anchor_of(str(cfg.model.name)) if r.name == ANCHOR else r.regime_file()
+    trace, calibration = generate_with_calibration(
+        regime, str(cfg.model.name), cfg.model.path if cfg.model.name == "hf" else None, r.seed, r.calibration,
+        cfg.limit_prompts, None, d.gen_length, d.block_length, d.cache)
+    return trace, calibration if needs_calibration else None, Path(f"generated:{regime.name}")
+
+
 def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     run_dir = Path(run_dir)
     settings = cfg.decode
@@ -130,7 +146,11 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         return loaded[0]
 
     workload = None  # an explicit trace holds prompts this config does not name
-    if cfg.trace.path is not None:
+    if cfg.routing.generated:  # a named regime's routing, generated for this model (docs/routing-regimes.md)
+        trace, calibration, path = generated_traces(cfg, setup.needs_calibration)
+        calibration_file = f"{path} (its last {cfg.routing.calibration} requests, held out)" \
+            if calibration is not None else None
+    elif cfg.trace.path is not None:
         path = Path(cfg.trace.path)
         trace, calibration, calibration_file = explicit_traces(path, setup.needs_calibration,
                                                                cfg.calibration.from_workload)
@@ -148,7 +168,10 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         check_geometry(calibration, setup.geometry, path.parent / "calibration.npz", str(cfg.model.name))
     # an imported trace's routing statistics (harness/traces/routing_stats.py), before batching
     routing = statistics_with_uniform(trace, max(1, setup.budget.experts_per_layer)) \
-        if trace.meta.get("routing") == "imported" else None
+        if trace.meta.get("routing") in ("imported", "generated") else None
+    if routing is not None and trace.meta.get("routing") == "generated":  # which regime: name, knobs, seed
+        routing["regime"] = {"name": trace.meta.get("regime_name"), **trace.meta["regime"],
+                             "seed": trace.meta.get("seed")}
 
     served = None
     if cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)

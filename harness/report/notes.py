@@ -43,6 +43,9 @@ def routing_of(record: Record) -> str:
     """Which routing a row's statistics describe: a live run's own recording, or the file an
     imported trace came from (docs/real-routing.md)."""
     source = record.get("routing_source")
+    if source == "generated":  # a named regime's routing (docs/routing-regimes.md)
+        regime = (record.get("routing") or {}).get("regime") or {}
+        return f"generated: {regime.get('name') or Path(str(record.get('trace'))).name}"
     return f"{source}: {Path(str(record.get('trace'))).name}" if source else "recorded"
 
 

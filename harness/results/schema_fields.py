@@ -28,8 +28,9 @@ RESULT_FIELDS: dict[str, Entry] = {  # RunResult: result.json's sections (JSON k
     "step_series": ("-", "one point per forward: the `step_series` record below"),
     "decoded": ("-", "live runs: `outputs`, `steps` and `first_text` (written flat)"),
     "workload": ("-", "the prompts decoded: the `workload` record below (MLflow's dataset input)"),
-    "routing": ("-", "with trace.record=true, and replays of an imported trace: routing statistics of the run's "
-                     "trace and their values under uniform routing (harness/traces/routing_stats.py)"),
+    "routing": ("-", "with trace.record=true, and replays of an imported or generated trace: routing statistics "
+                     "of the run's trace and their values under uniform routing (harness/traces/routing_stats.py); "
+                     "generated: also `regime` (name, knobs, seed)"),
     "run_dir": ("-", "not written: the directory a result was read from or written to (harness.run sets it)"),
     "started_at": ("s (unix time)", "when the job started (before the model or trace was loaded)"),
     "finished_at": ("s (unix time)", "when its result was complete (just before result.json was written)"),
@@ -55,8 +56,9 @@ IDENTITY_FIELDS: dict[str, Entry] = {  # RunIdentity: top-level strings
     "trace_derived_from": ("-", "replays of a no-cache trace derived from a prefix-cached recording: that recording"),
     "calibration": ("-", "replays: the calibration trace file the system learned from (null: none), or the trace's "
                          "held-out requests (calibration.from_workload with an explicit trace.path)"),
-    "routing_source": ("-", "replays of routing recorded elsewhere: imported (python -m harness.traces import, "
-                            "docs/real-routing.md); absent: recorded by this harness"),
+    "routing_source": ("-", "replays of routing not recorded by this harness: imported (python -m harness.traces "
+                            "import, docs/real-routing.md) | generated (routing=<regime>, its name, knobs and seed "
+                            "under routing.regime; docs/routing-regimes.md); absent: recorded by this harness"),
     "hints": ("-", "replays, systems that read next-layer hints: recorded | next_layer_loads (an import's perfect "
                    "predictor) | none (no hints in the trace: the prefetch predicts nothing)"),
 }

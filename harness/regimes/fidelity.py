@@ -1,0 +1,59 @@
+"""How close generated routing comes to the trace it was fitted to, system by system
+(docs/routing-regimes.md): each single-GPU system's modeled tokens/s and miss rate replayed
+over the trace (with the calibration recorded beside it) and over the trace its regime
+generates in the same shape (with generated calibration requests).
+
+    python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.common.errors import exit_with
+from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.placement.trace import RoutingTrace
+from harness.regimes.grid import SINGLE, configs, replay
+from harness.routing.generate import Dims
+from harness.routing.named import regime_file
+from harness.routing.replayable import generate_with_calibration
+
+COMMAND = KeyValueCommand(
+    "python -m harness.regimes.fidelity", "each system's figures on a trace and on its fitted regime's routing",
+    [Option("trace", "a recorded trace.npz (calibration.npz beside it)", required=True),
+     Option("regime", "its fitted regime file (python -m harness.routing fit)", required=True),
+     Option("seed", "the generator's seed", "0")],
+    example="python -m harness.regimes.fidelity trace=tests/golden/mini/trace.npz regime=mini_fit")
+
+
+def fidelity(trace_path: Path, regime: str, seed: int = 0) -> dict[str, dict[str, float]]:
+    trace = RoutingTrace.load(trace_path)
+    beside = trace_path.parent / "calibration.npz"
+    calibration = RoutingTrace.load(beside) if beside.exists() else None
+    family = str(trace.meta["model"])
+    fitted = regime_file(regime)
+    generated, gen_calibration = generate_with_calibration(fitted, family, None, seed, 2, dims=Dims.of_trace(trace))
+    out = {}
+    for system, cfg in configs(family, SINGLE).items():
+        a, b = replay(cfg, trace, calibration), replay(cfg, generated, gen_calibration)
+        out[system] = {"tokens_per_s": a["tokens_per_s"], "tokens_per_s_generated": b["tokens_per_s"],
+                       "tokens_per_s_ratio": b["tokens_per_s"] / a["tokens_per_s"] - 1 if a["tokens_per_s"] else 0.0,
+                       "miss_rate": a["miss_rate"], "miss_rate_generated": b["miss_rate"]}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    COMMAND.prog = program_name(COMMAND.prog)
+    args = COMMAND.parse(argv)
+    rows = fidelity(Path(args["trace"]), args["regime"], int(args["seed"]))
+    print("| system | tokens/s (trace) | tokens/s (generated) | difference | miss (trace) | miss (generated) |")
+    print("|---|---|---|---|---|---|")
+    for system, r in rows.items():
+        print(f"| {system} | {r['tokens_per_s']:.2f} | {r['tokens_per_s_generated']:.2f} | "
+              f"{r['tokens_per_s_ratio']:+.1%} | {r['miss_rate']:.3f} | {r['miss_rate_generated']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_with(main, sys.argv[1:])

@@ -1,0 +1,148 @@
+"""Fit a `RoutingRegime` to any trace (a harness recording, an import, a generated one) by
+simulated moments (docs/routing-regimes.md): each knob is matched to its statistic
+(harness/routing/moments.py) jointly (Levenberg-Marquardt), generating traces of the fitted trace's own
+shape and geometry with one fixed seed (common random numbers keep each statistic monotone
+in its knob); the knobs are solved together because they interact (locality also
+concentrates a request's popularity, affinity also repeats experts over time).
+`hint_quality` is read off the trace's hints directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from harness.common.errors import HarnessError
+from harness.placement.trace import RoutingTrace
+from harness.routing.generate import Dims, simulate
+from harness.routing.moments import moments, shape_of, trace_moments
+from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
+
+# knob -> (its statistic rises with it?, bracket searched)
+SEARCH = {"skew": (False, (0.0, 3.0)), "shared": (True, (0.0, 1.0)), "locality": (True, (0.0, 0.95)),
+          "decay": (True, (0.0, 0.9)), "affinity": (True, (0.0, 0.95)),
+          "cohesion": (False, (0.0, 0.95)), "prefill_skew": (False, (0.0, 3.0))}
+ITERATIONS, STEP, TOLERANCE = 12, 0.05, 0.002
+# a second start, mildly skewed and mostly shared: from the defaults the solver can reach skew 0,
+# where `shared` no longer moves any statistic and the search stalls
+SECOND_START = RoutingRegime(skew=0.5, shared=0.8, locality=0.1, decay=0.1, affinity=0.3, cohesion=0.0,
+                             prefill_skew=0.5)
+
+
+def simulated_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int) -> dict[str, float]:
+    sim = simulate(regime, shape, dims, seed)
+    infos = [info for info, _, _ in sim.steps]
+    loads = np.stack(sim.loads)
+    if shape.mode == "block" and shape.cache == "none":  # as a no-cache trace routes the window
+        from harness.routing.generate import generate
+
+        return trace_moments(generate(regime, shape, dims, seed))
+    return moments(loads, [i.kind for i in infos], [i.prompt for i in infos], [i.block for i in infos],
+                   [t for _, t, _ in sim.steps])
+
+
+def hint_quality(trace: RoutingTrace) -> float | None:
+    """Least-squares q in hint ~ q x next load + (1 - q) x the request's mean next load (each
+    normalized to sum 1), over the forwards that carry hints; None without hints."""
+    if not trace.has_hints or trace.n_layers < 2:
+        return None
+    loads = trace.loads.numpy().astype(np.float64)
+    hints = np.stack([h.numpy() if h is not None else np.zeros(loads.shape[1:], np.float32)
+                      for h in trace._hints]).astype(np.float64)
+    prompts = np.array([s.prompt for s in trace.steps])
+    mean = np.zeros_like(loads)
+    for p in set(prompts.tolist()):
+        mean[prompts == p] = loads[prompts == p].mean(0)
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return x / np.clip(x.sum(-1, keepdims=True), 1e-12, None)
+
+    h, y, m = unit(hints[:, :-1]), unit(loads[:, 1:]), unit(mean[:, 1:])
+    keep = (hints[:, :-1].sum(-1) > 0) & (loads[:, 1:].sum(-1) > 0)
+    if not keep.any():
+        return None
+    d, t = (y - m)[keep].ravel(), (h - m)[keep].ravel()
+    denom = float(d @ d)
+    return float(np.clip(t @ d / denom, 0.0, 1.0)) if denom > 0 else None
+
+
+def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None) -> tuple[RoutingRegime,
+                                                                                          dict[str, Any]]:
+    """The regime whose generated traces (this trace's shape and geometry) match its
+    statistics, and a record of the fit: target and reached statistics per knob."""
+    shape, dims = shape_of(trace), Dims.of_trace(trace)
+    target = trace_moments(trace)
+    if all(math.isnan(v) for v in target.values()):
+        raise HarnessError("the trace has no decoding forwards to fit; give a trace of a decode")
+    regime = start or RoutingRegime()
+    q = hint_quality(trace)
+    if q is not None:
+        regime = replace(regime, hint_quality=q)
+    knobs = [k for k in SEARCH if not math.isnan(target[k])]
+    best = None
+    for begin in (regime, replace(SECOND_START, hint_quality=regime.hint_quality)):  # the better of two starts
+        fitted, reached = _newton(begin, knobs, target, shape, dims, seed)
+        misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))
+        if best is None or misfit < best[0]:
+            best = (misfit, fitted, reached)
+    _, regime, reached = best
+    record = {"statistics": {k: {"target": _num(target[k]), "reached": _num(reached[k])} for k in target},
+              "unfitted": [k for k in SEARCH if k not in knobs], "seed": seed,
+              "hint_quality_from": "hints" if q is not None else "default (the trace has no hints)"}
+    return regime, record
+
+
+def _newton(regime: RoutingRegime, knobs: list[str], target: dict[str, float], shape: TraceShape, dims: Dims,
+            seed: int) -> tuple[RoutingRegime, dict[str, float]]:
+    """Levenberg-Marquardt on the knobs, the Jacobian by finite differences (common random
+    numbers), each step kept inside the knobs' brackets and taken only if it lowers the misfit."""
+    def at(x: np.ndarray) -> RoutingRegime:
+        return replace(regime, **{k: float(np.clip(v, *SEARCH[k][1])) for k, v in zip(knobs, x, strict=True)})
+
+    def residual(x: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        got = simulated_moments(at(x), shape, dims, seed)
+        r = np.array([got[k] - target[k] for k in knobs])
+        return np.nan_to_num(r), got
+
+    x = np.array([getattr(regime, k) for k in knobs], dtype=np.float64)
+    r, got = residual(x)
+    damping = 1e-3
+    for _ in range(ITERATIONS):
+        if np.abs(r).max() < TOLERANCE:
+            break
+        jac = np.zeros((len(knobs), len(knobs)))
+        for j, k in enumerate(knobs):
+            low, high = SEARCH[k][1]
+            h = STEP * (high - low) * (1 if x[j] + STEP * (high - low) <= high else -1)
+            xh = x.copy()
+            xh[j] += h
+            jac[:, j] = (residual(xh)[0] - r) / h
+        grad, normal = jac.T @ r, jac.T @ jac
+        for _try in range(6):  # Levenberg-Marquardt: a shorter, steeper step until the misfit falls
+            step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-9), -grad)
+            xn = np.array([np.clip(v, *SEARCH[k][1]) for k, v in zip(knobs, x + step, strict=True)])
+            rn, gotn = residual(xn)
+            if np.linalg.norm(rn) < np.linalg.norm(r):
+                x, r, got, damping = xn, rn, gotn, damping / 3
+                break
+            damping *= 4
+        else:
+            break
+    return replace(at(x), **{k: round(float(getattr(at(x), k)), 4) for k in knobs}), got
+
+
+def _num(v: float) -> float | None:
+    return None if v is None or math.isnan(v) else round(float(v), 5)
+
+
+def fit_file(trace: RoutingTrace, name: str, source: str, seed: int = 0) -> RegimeFile:
+    """A regime file: the fitted knobs, the trace's shape and where the fit came from."""
+    regime, record = fit(trace, seed)
+    meta = trace.meta
+    return RegimeFile(regime, shape_of(trace), {
+        "trace": source, "model": meta.get("model"), "routing": meta.get("routing", "recorded"),
+        "weights": meta.get("weights"), "geometry": {"n_moe_layers": trace.n_layers, "num_experts": trace.n_experts},
+        **record}, name)

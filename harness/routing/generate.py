@@ -1,0 +1,271 @@
+"""Generated routing: a `RoutingRegime` over a `TraceShape` as a trace in the harness's format
+(harness/placement/trace.py), for any MoE geometry (docs/routing-regimes.md).
+
+Each token picks top-k distinct experts per MoE layer by Gumbel-top-k over its request's
+popularity (a Zipf ranking mixed from a shared and a per-request one, harness/routing/params.py),
+after two kinds of forced slots:
+
+  reuse     each slot with probability `locality` takes an expert the same token used one
+            denoising step earlier (block diffusion: the window's tokens persist across steps)
+            or an earlier token used (autoregressive), the lag d drawn with weight decay^(d-1)
+  affinity  each slot with probability `affinity` takes the expert a fixed random map of
+            layer l assigns to one of the token's layer-l experts (at layer l + 1)
+
+  cohesion  each slot with probability `cohesion` takes an expert of the forward's anchor
+            set (k experts drawn once per forward and layer; forwards of several tokens)
+
+Reuses win over cohesion, cohesion over affinity picks, and these over fresh draws. The forwards are the ones the
+decode loops run (harness/decode/decoding.py, harness/zoo/ar_generate.py,
+harness/zoo/diffusiongemma_generate.py), numbered as they number them; `cache=none` traces are
+built from the prefix-cached ones as a recording's are (`derive_no_cache`). Everything is
+seeded (numpy's Generator): the same regime, shape and seed give the same trace, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.placement.steps import StepInfo
+from harness.placement.trace import RoutingTrace, derive_no_cache
+from harness.routing.params import MAX_LAG, RoutingRegime, TraceShape
+from harness.traces.serving import PER_PROMPT_TOKENS
+
+FORCED_REUSE, FORCED_COHESION, FORCED_AFFINITY = 1e6, 1e4, 1e2  # added to forced experts' scores, in precedence
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The routing shape of a model: MoE layers, experts, top-k, and the geometry a trace stores."""
+
+    n_layers: int
+    n_experts: int
+    top_k: int
+    geometry: dict[str, Any] = field(default_factory=dict)
+    model: str = "?"
+
+    @classmethod
+    def of_trace(cls, trace: RoutingTrace) -> Dims:
+        from harness.traces.routing_stats import top_k_of
+
+        return cls(trace.n_layers, trace.n_experts, top_k_of(trace), dict(trace.geometry),
+                   str(trace.meta.get("model", "?")))
+
+    @classmethod
+    def of_model(cls, model: str, config: str | None = None) -> Dims:
+        from harness.traces.importing import model_geometry
+
+        geometry, _ = model_geometry(model, config)
+        return cls(geometry.n_moe_layers, geometry.num_experts, geometry.num_experts_per_tok, geometry.to_dict(),
+                   model)
+
+
+def zipf(n: int, s: float) -> np.ndarray:
+    w = np.arange(1, n + 1, dtype=np.float64) ** -s
+    return w / w.sum()
+
+
+class Router:
+    """The per-request popularity, the cross-layer maps and the seeded draws of one trace."""
+
+    def __init__(self, regime: RoutingRegime, dims: Dims, n_requests: int, seed: int) -> None:
+        self.regime, self.dims = regime, dims
+        self.rng = np.random.default_rng(seed)
+        L, E = dims.n_layers, dims.n_experts
+        glob = self._ranks((L, E))
+        own = self._ranks((n_requests, L, E))
+        self.maps = self._ranks((L, E))  # layer l's expert e -> layer l+1's maps[l, e]
+
+        def popularity(s: float) -> np.ndarray:
+            w = zipf(E, s)
+            p = regime.shared * w[glob][None] + (1 - regime.shared) * w[own]
+            return np.log(p).astype(np.float32)
+
+        self.decode_logp = popularity(regime.skew)
+        self.prefill_logp = popularity(regime.prefill_skew)
+        lags = regime.decay ** np.arange(MAX_LAG)
+        self.lag_weights = [lags[:n] / lags[:n].sum() for n in range(1, MAX_LAG + 1)]
+
+    def _ranks(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self.rng.permuted(np.broadcast_to(np.arange(shape[-1]), shape).copy(), axis=-1)
+
+    def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray]) -> np.ndarray:
+        """int64 [n, L, k]: n tokens' experts; logp [L, E] (every token's) or [n, L, E];
+        sources: each token's experts at the earlier steps, newest first ([n, L, k] each)."""
+        k, (L, E) = self.dims.top_k, logp.shape[-2:]
+        rng, regime = self.rng, self.regime
+        u = rng.random((n, L, E), dtype=np.float32)
+        scores = (logp if logp.ndim == 3 else logp[None]) - np.log(-np.log(np.clip(u, 1e-12, 1 - 1e-7)))
+        if sources and regime.locality > 0:
+            avail = sources[:MAX_LAG]
+            lag = rng.choice(len(avail), size=(n, L, k), p=self.lag_weights[len(avail) - 1])
+            slot = rng.integers(k, size=(n, L, k))
+            stacked = np.stack(avail)  # [D, n, L, k]
+            cand = stacked[lag, np.arange(n)[:, None, None], np.arange(L)[None, :, None], slot]
+            keep = rng.random((n, L, k)) < regime.locality
+            scores = _force(scores, cand, keep, FORCED_REUSE)
+        if n > 1 and regime.cohesion > 0:  # the forward's anchor set, shared by its tokens
+            g = -np.log(-np.log(np.clip(rng.random((L, E), dtype=np.float32), 1e-12, 1 - 1e-7)))
+            anchor = _top_k((logp if logp.ndim == 2 else logp[0]) + g, k)  # [L, k]
+            slot = rng.integers(k, size=(n, L, k))
+            cand = np.take_along_axis(np.broadcast_to(anchor[None], (n, L, k)), slot, -1)
+            keep = rng.random((n, L, k)) < regime.cohesion
+            scores = _force(scores, cand, keep, FORCED_COHESION)
+        if regime.affinity <= 0 or L == 1:
+            return _top_k(scores, k)
+        out = np.empty((n, L, k), dtype=np.int64)
+        out[:, 0] = _top_k(scores[:, 0], k)
+        for layer in range(1, L):
+            cand = self.maps[layer - 1][out[:, layer - 1]]  # [n, k]
+            keep = rng.random((n, k)) < regime.affinity
+            out[:, layer] = _top_k(_force(scores[:, layer], cand, keep, FORCED_AFFINITY), k)
+        return out
+
+
+def _force(scores: np.ndarray, cand: np.ndarray, keep: np.ndarray, bonus: float) -> np.ndarray:
+    """scores with `bonus` added at the kept candidates (a candidate listed twice once)."""
+    E = scores.shape[-1]
+    padded = np.concatenate([scores, np.zeros((*scores.shape[:-1], 1), dtype=scores.dtype)], axis=-1)
+    idx = np.where(keep, cand, E)
+    add = np.take_along_axis(padded, idx, -1) + bonus
+    np.put_along_axis(padded, idx, np.where(keep, add, 0.0).astype(scores.dtype), -1)
+    return padded[..., :E]
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    return np.argpartition(-scores, k - 1, axis=-1)[..., :k]
+
+
+def counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
+    """int32 [L, E]: experts' token counts of ids [n, L, k]."""
+    L = ids.shape[1]
+    flat = (ids + (np.arange(L) * n_experts)[None, :, None]).reshape(-1)
+    return np.bincount(flat, minlength=L * n_experts).reshape(L, n_experts).astype(np.int32)
+
+
+@dataclass
+class Simulated:
+    """A generated trace before it is a RoutingTrace: forwards, loads, expected loads."""
+
+    steps: list[tuple[StepInfo, int, int]] = field(default_factory=list)
+    loads: list[np.ndarray] = field(default_factory=list)  # [L, E] per forward
+    expected: list[np.ndarray] = field(default_factory=list)  # [L, E] per forward (for hints)
+
+    def add(self, info: StepInfo, tokens: int, context: int, ids: np.ndarray, logp: np.ndarray,
+            dims: Dims) -> None:
+        self.steps.append((info, tokens, context))
+        self.loads.append(counts(ids, dims.n_experts))
+        self.expected.append(np.exp(logp) * (len(ids) * dims.top_k))
+
+
+def simulate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0) -> Simulated:
+    """The forwards of every request in order, each with its loads (module docstring)."""
+    router = Router(regime, dims, shape.requests, seed)
+    sim = Simulated()
+    if shape.mode == "ar":
+        _autoregressive(router, shape, sim)
+    else:
+        for r in range(shape.requests):
+            _diffusion(router, shape, r, sim)
+    return sim
+
+
+def _autoregressive(router: Router, shape: TraceShape, sim: Simulated) -> None:
+    """Per request a prefill over its P tokens, then G - 1 decode forwards of one token each,
+    all requests' decode tokens drawn together (each request's own history)."""
+    dims = router.dims
+    decoded = [g - 1 if p else g for p, g in zip(shape.prompt_tokens, shape.gen_tokens, strict=True)]
+    longest = max(decoded)
+    tails: list[list[np.ndarray]] = []
+    prefills = []
+    for r, p in enumerate(shape.prompt_tokens):
+        ids = router.route(router.prefill_logp[r], p, []) if p else None
+        prefills.append(ids)
+        tails.append([ids[p - 1 - j][None] for j in range(min(p, MAX_LAG))] if ids is not None else [])
+    history = [np.concatenate([t[j] if j < len(t) else t[-1] for t in tails]) for j in range(MAX_LAG)] \
+        if all(tails) else []  # a request without a prompt starts without history
+    drawn = []
+    for _ in range(longest):  # token d of every request at once
+        ids = router.route(router.decode_logp, shape.requests, history)  # [R, L, k]
+        drawn.append(ids)
+        history = [ids, *history[:MAX_LAG - 1]]
+    for r, (p, d_count) in enumerate(zip(shape.prompt_tokens, decoded, strict=True)):
+        if p:
+            sim.add(StepInfo(r, 0, 0, len(sim.steps), True, "prefill"), p, p, prefills[r], router.prefill_logp[r],
+                    dims)
+        for d in range(d_count):
+            block = d // shape.block
+            sim.add(StepInfo(r, block, d % shape.block, len(sim.steps), block == 0, "decode"), 1, p + d + 1,
+                    drawn[d][r:r + 1], router.decode_logp[r], dims)
+
+
+def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> None:
+    """One request's forwards in LLaDA2's block loop or DiffusionGemma's canvas loop."""
+    dims, lb = router.dims, shape.block
+    p = shape.prompt_tokens[r]
+    first = shape.first_block(r)
+    encoded = 0
+    if shape.mode == "block" and first > 0:
+        n = first * lb
+        sim.add(StepInfo(r, first, 0, len(sim.steps), True, "prefill"), n, n,
+                router.route(router.prefill_logp[r], n, []), router.prefill_logp[r], dims)
+        encoded = n
+    elif shape.mode == "canvas":
+        sim.add(StepInfo(r, 0, 0, len(sim.steps), True, "prefill"), p, p,
+                router.route(router.prefill_logp[r], p, []), router.prefill_logp[r], dims)
+        encoded = p
+    n_blocks = shape.n_blocks(r)
+    for i, steps in enumerate(shape.steps[r]):
+        block = first + i if shape.mode == "block" else i
+        history: list[np.ndarray] = []
+        for s in range(steps):
+            ids = router.route(router.decode_logp[r], lb, history)
+            history = [ids, *history[:MAX_LAG - 1]]
+            sim.add(StepInfo(r, block, s, len(sim.steps), i == 0, "denoise"), lb, encoded + lb, ids,
+                    router.decode_logp[r], dims)
+        if i + 1 < n_blocks:  # the finished block's commit: its tokens one step on
+            ids = router.route(router.decode_logp[r], lb, history)
+            sim.add(StepInfo(r, block, steps, len(sim.steps), i == 0, "commit"), lb, encoded + lb, ids,
+                    router.decode_logp[r], dims)
+            encoded += lb
+
+
+def generate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0, name: str = "") -> RoutingTrace:
+    """The trace of `simulate`, with hints, geometry and the meta a replay reads; its meta
+    says `routing: generated` and holds the regime (name and knobs) and the seed."""
+    sim = simulate(regime, shape, dims, seed)
+    loads = np.stack(sim.loads)
+    expected = np.stack(sim.expected).astype(np.float32)
+    hints = np.zeros(loads.shape, dtype=np.float32)
+    q = regime.hint_quality
+    hints[:, :-1] = q * loads[:, 1:] + (1 - q) * expected[:, 1:]
+    trace = RoutingTrace(dims.n_layers, dims.n_experts, geometry=dict(dims.geometry))
+    for s, (info, tokens, context) in enumerate(sim.steps):
+        trace.add_step(info, tokens, context)
+        trace.set_step(s, loads[s], hints[s])
+    trace._stacked = torch.from_numpy(loads)
+    trace.meta = meta(regime, shape, dims, seed, name, sim)
+    return derive_no_cache(trace) if shape.mode == "block" and shape.cache == "none" else trace
+
+
+def meta(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int, name: str, sim: Simulated
+         ) -> dict[str, Any]:
+    kinds = [info.kind for info, _, _ in sim.steps]
+    generated = list(shape.gen_tokens)
+    out: dict[str, Any] = {
+        "purpose": "workload", "routing": "generated", "model": dims.model, "weights": "generated",
+        "checkpoint": f"generated:{name or 'regime'}", "regime_name": name or None, "regime": regime.as_dict(),
+        "seed": seed, "prompts": shape.requests, "generated_tokens": sum(generated),
+        "requested_tokens": sum(generated), PER_PROMPT_TOKENS: generated,
+        "denoise_steps": kinds.count("denoise"), "absent": ["token_texts"], "hints": "generated",
+    }
+    if shape.mode == "ar":
+        out["decode_steps"] = kinds.count("decode")
+        out["decode"] = {"block_length": shape.block, "steps": shape.block}
+    else:
+        out["decode"] = {"gen_length": max(generated), "block_length": shape.block,
+                         "steps": max(max(s) for s in shape.steps), "cache": shape.cache}
+    return out

@@ -1,0 +1,165 @@
+"""What `fit` matches: one statistic per routing knob, read from any trace's loads
+(docs/routing-regimes.md), and the shape (`TraceShape`) of a recorded trace's forwards.
+
+  skew          normalized entropy of each request's popularity over its decoding forwards
+                (denoise or decode), mean over requests and layers (falls as skew rises)
+  shared        Pearson correlation of two requests' decoding popularity, mean over pairs
+                and layers (rises with shared)
+  locality      share of a decoding forward's routed pairs that the forward before it (same
+                request; same block for diffusion) routed to the same expert, sum of
+                min(load, previous load) / sum of load (an autoregressive trace's
+                temporal_locality), beyond chance: (share - c) / (1 - c), c the same share
+                between forwards half the request apart
+  decay         the same two forwards apart
+  affinity      cosine between a forward's layer l+1 load and its prediction from its layer
+                l load through the layers' co-occurrence matrices, learnt on the even
+                decoding forwards and scored on the odd ones, minus the cosine of the
+                layer's popularity (the prediction without layer l)
+  cohesion      normalized entropy of a decoding forward's load, mean over the forwards of
+                more than one token and layers (falls as cohesion rises)
+  prefill_skew  normalized entropy of each request's prefill popularity
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness.common.errors import HarnessError
+from harness.placement.trace import RoutingTrace
+from harness.routing.params import TraceShape
+from harness.traces.serving import PER_PROMPT_TOKENS
+
+MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "prefill_skew")
+
+
+def _entropy(pop: np.ndarray) -> float:
+    total = pop.sum(-1)
+    keep = total > 0
+    if not keep.any():
+        return math.nan
+    p = pop[keep] / total[keep][:, None]
+    h = -(p * np.log(np.clip(p, 1e-30, None))).sum(-1)
+    return float((h / math.log(pop.shape[-1])).mean())
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    return float(np.minimum(a, b).sum() / max(1, a.sum()))
+
+
+def _lag_overlap(loads: np.ndarray, prompts: np.ndarray, blocks: np.ndarray, decoding: np.ndarray,
+                 ar: np.ndarray, lag: int) -> float:
+    """Overlap `lag` forwards apart beyond chance: (overlap - chance) / (1 - chance), chance
+    the overlap of each decoding forward with one half a request's decoding away (order lost,
+    popularity kept)."""
+    if len(loads) <= lag:
+        return math.nan
+    ok = decoding[lag:] & decoding[:-lag] & (prompts[lag:] == prompts[:-lag]) \
+        & (ar[lag:] | (blocks[lag:] == blocks[:-lag]))
+    if not ok.any():
+        return math.nan
+    near = _overlap(loads[lag:][ok], loads[:-lag][ok])
+    pairs = []
+    for p in np.unique(prompts[decoding]):
+        rows = np.flatnonzero(decoding & (prompts == p))
+        pairs.append(np.stack([rows, np.roll(rows, len(rows) // 2)]))
+    a, b = np.concatenate(pairs, axis=1)
+    chance = _overlap(loads[a], loads[b])
+    return (near - chance) / (1 - chance) if chance < 1 else math.nan
+
+
+def _affinity(loads: np.ndarray) -> float:
+    """Cosine of the co-occurrence prediction of layer l+1 beyond the popularity prediction."""
+    if loads.shape[0] < 2 or loads.shape[1] < 2:
+        return math.nan
+    x = loads.astype(np.float32)
+    train, test = x[0::2], x[1::2]
+    co = np.einsum("sle,slf->lef", train[:, :-1], train[:, 1:])  # [L-1, E, E]
+    co /= np.clip(co.sum(-1, keepdims=True), 1e-9, None)
+    actual = test[:, 1:]
+
+    def cosine(pred: np.ndarray) -> float:
+        num = (pred * actual).sum(-1)
+        den = np.linalg.norm(pred, axis=-1) * np.linalg.norm(actual, axis=-1)
+        ok = den > 0
+        return float((num[ok] / den[ok]).mean()) if ok.any() else math.nan
+
+    popular = np.broadcast_to(train[:, 1:].sum(0), actual.shape)
+    return cosine(np.einsum("sle,lef->slf", test[:, :-1], co)) - cosine(popular)
+
+
+def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: list[int],
+            tokens: list[int]) -> dict[str, float]:
+    """The statistics of the module docstring for loads [S, L, E] and each forward's kind,
+    request and block."""
+    kind = np.array(kinds)
+    decoding = (kind == "denoise") | (kind == "decode")
+    ar = kind == "decode"
+    prompt = np.array(prompts)
+    ids = sorted(set(prompts))
+    pop = np.stack([loads[decoding & (prompt == p)].sum(0) for p in ids]).astype(np.float64)  # [R, L, E]
+    pre = [loads[(kind == "prefill") & (prompt == p)].sum(0) for p in ids]
+    pre_pop = np.stack(pre).astype(np.float64)
+    z = pop - pop.mean(-1, keepdims=True)
+    norm = np.linalg.norm(z, axis=-1, keepdims=True)
+    z = np.where(norm > 0, z / np.clip(norm, 1e-30, None), np.nan)
+    shared = math.nan
+    if len(ids) > 1:
+        corr = np.einsum("rle,sle->lrs", z, z)
+        off = corr[:, ~np.eye(len(ids), dtype=bool)]
+        shared = float(np.nanmean(off)) if np.isfinite(off).any() else math.nan
+    block = np.array(blocks)
+    return {
+        "skew": _entropy(pop.reshape(-1, pop.shape[-1])),
+        "shared": shared,
+        "locality": _lag_overlap(loads, prompt, block, decoding, ar, 1),
+        "decay": _lag_overlap(loads, prompt, block, decoding, ar, 2),
+        "affinity": _affinity(loads[decoding]),
+        "cohesion": _entropy(loads[decoding & (np.array(tokens) > 1)].reshape(-1, loads.shape[-1])),
+        "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
+    }
+
+
+def trace_moments(trace: RoutingTrace) -> dict[str, float]:
+    return moments(trace.loads.numpy(), [s.kind for s in trace.steps], [s.prompt for s in trace.steps],
+                   [s.block for s in trace.steps], trace.n_tokens)
+
+
+def shape_of(trace: RoutingTrace) -> TraceShape:
+    """The forwards of a recorded (or imported, or generated) trace as a TraceShape: its
+    requests' prompt and generated tokens and, for block diffusion, the steps each block took."""
+    kinds = {s.kind for s in trace.steps}
+    prompts = sorted({s.prompt for s in trace.steps})
+    decode = trace.meta.get("decode") if isinstance(trace.meta.get("decode"), dict) else {}
+    per_prompt = trace.meta.get(PER_PROMPT_TOKENS)
+    block = int(decode.get("block_length", 32))
+    prompt_tokens, gen_tokens, steps = [], [], []
+    for i, p in enumerate(prompts):
+        rows = [j for j, s in enumerate(trace.steps) if s.prompt == p]
+        prefill = [j for j in rows if trace.steps[j].kind == "prefill"]
+        if "decode" in kinds:
+            d = sum(trace.steps[j].kind == "decode" for j in rows)
+            prompt_tokens.append(trace.n_tokens[prefill[0]] if prefill else 0)
+            gen_tokens.append(d + 1 if prefill else d)
+            continue
+        denoise = [trace.steps[j] for j in rows if trace.steps[j].kind == "denoise"]
+        if not denoise:
+            raise HarnessError(f"trace request {p} has no decoding forwards; nothing to fit or mirror")
+        per_block: dict[int, int] = {}
+        for s in denoise:
+            per_block[s.block] = per_block.get(s.block, 0) + 1
+        steps.append([per_block[b] for b in sorted(per_block)])
+        first = min(per_block)
+        canvas = "canvas" if trace.meta.get("model") == "diffusiongemma" else "block"
+        prompt_tokens.append(trace.n_tokens[prefill[0]] if prefill and canvas == "canvas" else first * block)
+        total = trace.meta.get("generated_tokens")
+        tokens = per_prompt[i] if isinstance(per_prompt, list) and i < len(per_prompt) else \
+            total // len(prompts) if isinstance(total, int) and total > 0 else block * len(per_block)
+        gen_tokens.append(int(tokens))
+    if "decode" in kinds:
+        return TraceShape("ar", prompt_tokens, gen_tokens, block)
+    mode = "canvas" if trace.meta.get("model") == "diffusiongemma" else "block"
+    cache = "none" if decode.get("cache") == "none" else "prefix"
+    return TraceShape(mode, prompt_tokens, gen_tokens, block, steps, cache)

@@ -1,0 +1,243 @@
+"""The knobs of generated routing and the shape of the trace it fills (docs/routing-regimes.md).
+
+`RoutingRegime` is what decides placement policies, each knob named and documented below;
+`TraceShape` is which forwards the decode loop runs (autoregressive prefill + decode, or
+block diffusion's denoising steps, commits and prefill), so a generated trace has the
+structure a recorded one has. A regime file (YAML or JSON) holds both:
+
+    regime: {skew: 1.1, shared: 0.4, locality: 0.3, ...}
+    shape: {mode: ar, requests: 8, prompt_tokens: [...], gen_tokens: [...], ...}   # optional
+    fitted_from: {...}   # what `fit` read, and the statistics it matched
+
+Bad values are one-line errors naming the knob and its range.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.common.errors import HarnessError
+from harness.common.files import write_atomic
+
+MODES = ("ar", "block", "canvas")  # autoregressive | LLaDA2's block diffusion | DiffusionGemma's canvases
+CACHES = ("prefix", "none")
+MAX_LAG = 4  # the furthest earlier token/step a reuse may come from
+RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "decay": (0.0, 0.95),
+          "affinity": (0.0, 0.99), "cohesion": (0.0, 0.99), "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
+          "gate_concentration": (1e-3, 1e3)}
+
+
+@dataclass(frozen=True)
+class RoutingRegime:
+    """The routing knobs (every one a property some placement policy exploits).
+
+    skew          Zipf exponent s of each layer's expert popularity in decoding forwards:
+                  the i-th most popular expert gets weight (i+1)^-s (0: uniform). Both the
+                  shared and the per-request popularity have this skew.
+    shared        share of the popularity common to every request (0..1): a request's
+                  popularity at a layer is shared x the layer's global Zipf ranking +
+                  (1 - shared) x a Zipf ranking of its own (cross-request correlation:
+                  what a calibration-based static placement can learn).
+    locality      probability that one of a token's top-k slots reuses an expert the same
+                  token used one denoising step earlier (block diffusion) or the previous
+                  token used (autoregressive), at the same layer (temporal locality:
+                  what caches and TIDE's refresh exploit).
+    decay         how that dependence fades with distance: a reuse comes from lag d
+                  (1..MAX_LAG) with probability proportional to decay^(d-1) (0: only the
+                  previous token/step).
+    cohesion      probability that one of a token's slots takes an expert of its forward's
+                  anchor set (k experts drawn once per forward and layer): the tokens of one
+                  forward route alike (a diffusion window's masked tokens look the same;
+                  decides a denoising step's distinct experts, what TIDE's per-step split sees)
+    affinity      probability that one of a token's free slots at layer l+1 takes the
+                  expert a fixed per-layer map assigns to one of its layer-l experts
+                  (cross-layer predictability: what DALI's prefetch and ExFlow-style
+                  placement exploit).
+    prefill_skew  Zipf exponent of the prefill (prompt) forwards' popularity, over the
+                  same rankings as decoding (prefill vs decode difference).
+    hint_quality  the next-layer hint each forward carries: hint_quality x the true next
+                  layer load + (1 - hint_quality) x its expectation under the request's
+                  popularity (1: a perfect predictor; what DALI's prefetch reads).
+    gate_concentration  Dirichlet concentration of the top-k gate weights of `route_ids`
+                  (recorded with ids, never replayed: the cost model charges token counts).
+    """
+
+    skew: float = 1.0
+    shared: float = 0.5
+    locality: float = 0.3
+    decay: float = 0.0
+    affinity: float = 0.0
+    cohesion: float = 0.0
+    prefill_skew: float = 1.0
+    hint_quality: float = 0.5
+    gate_concentration: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            low, high = RANGES[f.name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) \
+                    or not low <= value <= high:
+                raise HarnessError(f"routing knob {f.name}={value!r} must be a number in [{low}, {high}] "
+                                   "(docs/routing-regimes.md)")
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "regime") -> RoutingRegime:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise HarnessError(f"{where}: unknown routing knob {unknown[0]!r}; the knobs are "
+                               f"{', '.join(sorted(known))}")
+        return cls(**{k: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in data.items()})
+
+
+@dataclass
+class TraceShape:
+    """Which forwards a generated trace holds, per request (lists of one entry per request).
+
+    mode            ar: one prefill over the prompt, then one decode forward per further
+                    generated token (P = 0: no prefill, one decode forward per generated token,
+                    as an import without a prompt split); block: LLaDA2's loop (the prompt's whole blocks in one
+                    prefill, then per block its denoising steps over the block's tokens and a
+                    commit of the finished block, the last block uncommitted); canvas:
+                    DiffusionGemma's (the prompt in one prefill, then per canvas its
+                    denoising steps and the commit of the finished canvas)
+    prompt_tokens   P per request
+    gen_tokens      generated tokens per request
+    block           ar: decode steps per window (TIDE's block); block/canvas: its length
+    steps           block/canvas: per request, the denoising steps each block took
+    cache           block: prefix (as recorded) or none (every step routes the window)
+    """
+
+    mode: str = "ar"
+    prompt_tokens: list[int] = field(default_factory=lambda: [64] * 8)
+    gen_tokens: list[int] = field(default_factory=lambda: [64] * 8)
+    block: int = 32
+    steps: list[list[int]] = field(default_factory=list)
+    cache: str = "prefix"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise HarnessError(f"shape.mode={self.mode!r} is not allowed; use one of {', '.join(MODES)}")
+        if self.cache not in CACHES:
+            raise HarnessError(f"shape.cache={self.cache!r} is not allowed; use prefix or none")
+        if not self.prompt_tokens or len(self.prompt_tokens) != len(self.gen_tokens):
+            raise HarnessError("shape: prompt_tokens and gen_tokens must list one count per request (at least one)")
+        if any(not isinstance(v, int) or v < 0 for v in [*self.prompt_tokens, *self.gen_tokens]) \
+                or not isinstance(self.block, int) or self.block < 1:
+            raise HarnessError("shape: token counts must be whole numbers >= 0 and block a whole number >= 1")
+        if self.mode == "ar" and any(g < 1 for g in self.gen_tokens):
+            raise HarnessError("shape: an autoregressive request needs a generated token")
+        if self.mode != "ar":
+            if not self.steps:
+                self.steps = [[self.block] * self.blocks_for_tokens(r) for r in range(self.requests)]
+            if len(self.steps) != self.requests or any(not s or min(s) < 1 for s in self.steps):
+                raise HarnessError("shape.steps must list, per request, the denoising steps (>= 1) of each of "
+                                   "its generated blocks (at least one)")
+
+    @property
+    def requests(self) -> int:
+        return len(self.prompt_tokens)
+
+    def first_block(self, r: int) -> int:
+        return self.prompt_tokens[r] // self.block if self.mode == "block" else 0
+
+    def n_blocks(self, r: int) -> int:
+        """Blocks (canvases) request r denoises: as many as its `steps` list."""
+        return len(self.steps[r])
+
+    def blocks_for_tokens(self, r: int) -> int:
+        """The blocks (canvases) the decode loop runs for request r's prompt and generation."""
+        if self.mode == "block":
+            total = -(-(self.prompt_tokens[r] + self.gen_tokens[r]) // self.block)
+            return total - self.first_block(r)
+        return -(-self.gen_tokens[r] // self.block)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TraceShape:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise HarnessError(f"shape: unknown field {unknown[0]!r}; the fields are {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+@dataclass
+class RegimeFile:
+    """A regime file: the knobs, optionally the shape, and where a fit came from."""
+
+    regime: RoutingRegime
+    shape: TraceShape | None = None
+    fitted_from: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def save(self, path: str | Path) -> Path:
+        data: dict[str, Any] = {"name": self.name, "regime": self.regime.as_dict()}
+        if self.shape is not None:
+            data["shape"] = self.shape.as_dict()
+        if self.fitted_from:
+            data["fitted_from"] = self.fitted_from
+        path = Path(path)
+        text = json.dumps(data, indent=1) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+        return write_atomic(path, lambda f: f.write(text.encode()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> RegimeFile:
+        path = Path(path)
+        if not path.is_file():
+            raise HarnessError(f"regime={path} is not a file; write one with python -m harness.routing fit")
+        try:
+            data = yaml.safe_load(path.read_text())  # JSON is YAML
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise HarnessError(f"regime file {path} is not YAML or JSON ({type(exc).__name__}); "
+                               "write one with python -m harness.routing fit") from None
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> RegimeFile:
+        if not isinstance(data, dict) or not isinstance(data.get("regime"), dict):
+            raise HarnessError(f"regime file {where} holds no 'regime' mapping of knobs; "
+                               "write one with python -m harness.routing fit")
+        try:
+            shape = TraceShape.from_dict(data["shape"]) if isinstance(data.get("shape"), dict) else None
+        except TypeError as exc:
+            raise HarnessError(f"regime file {where}: bad shape ({exc})") from None
+        return cls(RoutingRegime.from_dict(data["regime"], where), shape, dict(data.get("fitted_from") or {}),
+                   str(data.get("name") or Path(where).stem))
+
+
+@dataclass
+class RoutingConfig:
+    """The `routing` option of a run (conf/routing/*.yaml): `recorded` (the model's own routing,
+    recorded or imported) or a named regime, whose generated trace a replay runs over instead
+    (harness/job/replay.py): `regime` its knobs, `shape` its forwards (optional: else the run's
+    prompts, decode.gen_length and block), `calibration` requests generated and held out for
+    the systems that learn, `seed` the generator's."""
+
+    name: str = "recorded"
+    regime: dict[str, Any] = field(default_factory=dict)
+    shape: dict[str, Any] | None = None
+    seed: int = 0
+    calibration: int = 2
+    fitted_from: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated(self) -> bool:
+        return self.name != "recorded"
+
+    def regime_file(self) -> RegimeFile:
+        data = {"name": self.name, "regime": dict(self.regime), "shape": dict(self.shape) if self.shape else None,
+                "fitted_from": dict(self.fitted_from)}
+        return RegimeFile.from_dict(data, f"routing={self.name}")
