@@ -22,6 +22,7 @@ own store failures so that a sweep never stops because MLflow is unreachable.
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -198,8 +199,6 @@ def regime_map(config: DictConfig, directory: Path) -> list[Path]:
     whole grid in one), logged with the sweep's summary."""
     if "+experiment=routing_regimes" not in list(config.hydra.overrides.task):
         return []
-    import subprocess
-
     out = directory / "regime_map"
     done = subprocess.run([sys.executable, "-m", "harness.regimes", f"out={out}", "tracking=false"], check=False)
     if done.returncode != 0:

@@ -32,6 +32,8 @@ from harness.job.setup import build_result, setup_run
 from harness.placement.system import MoEGeometry
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
+from harness.routing.named import ANCHOR, anchor_of
+from harness.routing.replayable import generate_with_calibration
 from harness.traces.batch_replay import replay_trace
 from harness.traces.holdout import hold_out
 from harness.traces.routing_stats import statistics_with_uniform
@@ -123,9 +125,6 @@ def generated_traces(cfg: HarnessConfig, needs_calibration: bool
     """routing=<regime>: the trace generated for this model at the run's sizes (its prompts,
     decode.gen_length, block, cache), and its held-out calibration requests (generated for
     every system, so that every system replays the same requests)."""
-    from harness.routing.named import ANCHOR, anchor_of
-    from harness.routing.replayable import generate_with_calibration
-
     r, d = cfg.routing, cfg.decode
     regime = anchor_of(str(cfg.model.name)) if r.name == ANCHOR else r.regime_file()
     trace, calibration = generate_with_calibration(

@@ -20,6 +20,8 @@ from harness.common.files import write_atomic
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.regimes.grid import FAMILIES, LOCALITY, SHARED, SKEW, Cell, family_cells
 from harness.regimes.maps import claims, flips, grid_cells, margin, plot_family, winner
+from harness.tracking.mlflow_store import default_artifact_root, ensure_experiment, open_store
+from harness.tracking.settings import DEFAULT_URI
 
 COMMAND = KeyValueCommand(
     "python -m harness.regimes", "every policy's verdict over a grid of generated routing regimes",
@@ -62,9 +64,6 @@ def markdown(family: str, cells: list[Cell]) -> str:
 
 
 def log_mlflow(paths: list[Path], metrics: dict[str, float]) -> str | None:
-    from harness.tracking.mlflow_store import default_artifact_root, ensure_experiment, open_store
-    from harness.tracking.settings import DEFAULT_URI
-
     client = open_store(DEFAULT_URI)
     experiment = ensure_experiment(client, "routing-regimes", default_artifact_root(DEFAULT_URI))
     run = client.create_run(experiment, run_name="regime-map", tags={"routing_source": "generated"})

@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
+from harness.accounting.budget import BYTES_PER_PARAM, GB
 from harness.cli.overrides import compose_checked
 from harness.job.config import register_configs
 from harness.job.setup import setup_run
@@ -18,8 +19,9 @@ from harness.placement.trace import RoutingTrace
 from harness.routing.generate import Dims
 from harness.routing.named import anchor_of
 from harness.routing.params import RegimeFile, RoutingRegime
-from harness.routing.replayable import generate_with_calibration
+from harness.routing.replayable import generate_with_calibration, mode_of
 from harness.traces.batch_replay import replay_trace
+from harness.traces.importing import model_geometry
 from harness.traces.serving import lockstep
 from harness.zoo.entry import nominal_geometry
 
@@ -57,9 +59,6 @@ def points(base: RoutingRegime) -> list[dict[str, float]]:
 def budget_overrides(family: str) -> list[str]:
     """B = a quarter of the experts per layer, with the GPU memory that holds them (as
     harness.real_routing sizes its cells)."""
-    from harness.accounting.budget import BYTES_PER_PARAM, GB
-    from harness.traces.importing import model_geometry
-
     geometry, _ = model_geometry(family, None)
     b = max(1, geometry.num_experts // 4)
     need = geometry.non_expert_bytes(BYTES_PER_PARAM) + 0.5 * GB + b * geometry.n_moe_layers \
@@ -121,6 +120,4 @@ def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed
 
 
 def _mode(family: str) -> str:
-    from harness.routing.replayable import mode_of
-
     return mode_of(family)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.regimes.grid import BASELINES, LOCALITY, SHARED, SINGLE, SKEW, Cell
 
 CONTENDERS = tuple(s for s in SINGLE if s != "oracle")
@@ -73,7 +75,6 @@ def plot_family(family: str, cells: list[Cell], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     grid = grid_cells(cells)
     names = list(CONTENDERS)

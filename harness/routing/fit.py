@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.common.errors import HarnessError
 from harness.placement.trace import RoutingTrace
-from harness.routing.generate import Dims, simulate
+from harness.routing.generate import Dims, generate, simulate
 from harness.routing.moments import moments, shape_of, trace_moments
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
 
@@ -37,8 +37,6 @@ def simulated_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed
     infos = [info for info, _, _ in sim.steps]
     loads = np.stack(sim.loads)
     if shape.mode == "block" and shape.cache == "none":  # as a no-cache trace routes the window
-        from harness.routing.generate import generate
-
         return trace_moments(generate(regime, shape, dims, seed))
     return moments(loads, [i.kind for i in infos], [i.prompt for i in infos], [i.block for i in infos],
                    [t for _, t, _ in sim.steps])

@@ -32,6 +32,8 @@ import torch
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace, derive_no_cache
 from harness.routing.params import MAX_LAG, RoutingRegime, TraceShape
+from harness.traces.importing import model_geometry
+from harness.traces.routing_stats import top_k_of
 from harness.traces.serving import PER_PROMPT_TOKENS
 
 FORCED_REUSE, FORCED_COHESION, FORCED_AFFINITY = 1e6, 1e4, 1e2  # added to forced experts' scores, in precedence
@@ -49,15 +51,11 @@ class Dims:
 
     @classmethod
     def of_trace(cls, trace: RoutingTrace) -> Dims:
-        from harness.traces.routing_stats import top_k_of
-
         return cls(trace.n_layers, trace.n_experts, top_k_of(trace), dict(trace.geometry),
                    str(trace.meta.get("model", "?")))
 
     @classmethod
     def of_model(cls, model: str, config: str | None = None) -> Dims:
-        from harness.traces.importing import model_geometry
-
         geometry, _ = model_geometry(model, config)
         return cls(geometry.n_moe_layers, geometry.num_experts, geometry.num_experts_per_tok, geometry.to_dict(),
                    model)

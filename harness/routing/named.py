@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.common.errors import HarnessError
-from harness.routing.params import RegimeFile
+from harness.routing.params import RegimeFile, RoutingRegime
 
 CONF_ROUTING = Path(__file__).resolve().parents[2] / "conf" / "routing"
 RECORDED = "recorded"  # the option that generates nothing: the model's own (recorded or imported) routing
@@ -32,7 +32,5 @@ def regime_file(name_or_path: str) -> RegimeFile:
 def anchor_of(model: str) -> RegimeFile:
     """The model's fitted regime (conf/routing/<model>_fit.yaml), or the generator's defaults
     when none was fitted (named <model>_default)."""
-    from harness.routing.params import RoutingRegime
-
     path = CONF_ROUTING / f"{model}_fit.yaml"
     return RegimeFile.load(path) if path.is_file() else RegimeFile(RoutingRegime(), None, {}, f"{model}_default")

@@ -190,7 +190,13 @@ class RegimeFile:
         if self.fitted_from:
             data["fitted_from"] = self.fitted_from
         path = Path(path)
-        text = json.dumps(data, indent=1) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+        # a YAML regime says what it is in its first line: `python -m harness --help` shows it as
+        # the routing option's description when the file sits in conf/routing/
+        f = self.fitted_from
+        what = (f"# Generated routing fitted to the {f.get('routing', '?')} routing of {f.get('model', '?')} "
+                f"({f.get('weights', '?')} weights; python -m harness.routing fit, docs/routing-regimes.md)\n"
+                if f else "# Generated routing: a named regime (docs/routing-regimes.md)\n")
+        text = json.dumps(data, indent=1) if path.suffix == ".json" else what + yaml.safe_dump(data, sort_keys=False)
         return write_atomic(path, lambda f: f.write(text.encode()))
 
     @classmethod

@@ -174,6 +174,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.decode",),  # the decoding loops, prompts, the lossless check
     ("harness.zoo",),  # one entry per kind of model: names, geometry, loading, decode driver, capabilities
     ("harness.traces",),  # replay in batch, stability and routing statistics
+    ("harness.routing",),  # the routing generator, its fit and named regimes
     ("harness.results",),  # RunResult and its flat records
     ("harness.tracking",),  # MLflow stores, run dirs, sweeps' parent runs
     ("harness.job",),  # one job (run) from its whole config: live, replay, artifacts, resume, logging

@@ -14,7 +14,7 @@ from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from harness.job.live import run_job
-from harness.report.tables import routing_of
+from harness.report.notes import routing_of
 from harness.results.records import record_from_result
 from harness.routing.__main__ import main
 
