@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
+import torch
 
 from harness.common.errors import HarnessError
+from harness.engine.engine import OffloadEngine
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
 from harness.traces.serving import (
@@ -144,3 +146,21 @@ def arrival_figures(served: Served) -> dict[str, float]:
     return {**percentiles("queue", queue), **percentiles("ttft", ttft), **percentiles("tpot", tpot),
             **percentiles("e2e_latency", e2e), **({"e2e_latency_mean_s": float(np.mean(e2e))} if e2e else {}),
             "serving_peak_running": max(served.running, default=0)}
+
+
+def engine_forward(engine: OffloadEngine) -> Callable[[RoutingTrace, int], float]:
+    """The `forward` of `continuous` that charges batch forward s on a prepared engine, layer
+    by layer as `OffloadEngine.replay` does, and returns its modeled seconds."""
+    top_k = engine.geometry.num_experts_per_tok
+
+    def forward(merged: RoutingTrace, s: int) -> float:
+        engine.begin_step(merged.steps[s], *merged.forward_size(s, top_k))
+        rows = merged.loads[s].to(torch.long).numpy()
+        rows.flags.writeable = False  # as live: systems read the loads, never change them
+        for layer in range(engine.n_layers):
+            wants = engine.system.wants_hint and layer + 1 < engine.n_layers
+            engine.plan_layer(layer, rows[layer], merged.hint(s, layer) if wants else None)
+        engine.end_step()
+        return float(engine.ledger.step_series()[-1]["modeled_latency_s"])
+
+    return forward

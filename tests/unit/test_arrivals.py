@@ -100,3 +100,31 @@ def test_bad_arrivals_are_one_line_errors(kind: str, rate: float | None, message
     with pytest.raises(HarnessError, match=message) as info:
         check_arrivals(kind, rate)
     assert "\n" not in str(info.value)
+
+
+def test_engine_forward_charges_what_a_replay_charges() -> None:
+    """One request at time 0: the forward-by-forward engine gives the replay's summary."""
+    from harness.accounting.cost import CostModel, HardwareConfig
+    from harness.bench import synthetic_trace
+    from harness.cli.overrides import compose_checked
+    from harness.engine.engine import OffloadEngine
+    from harness.traces.arrivals import engine_forward
+    from harness.traces.batch_replay import summary_differences
+    from harness.zoo.entry import nominal_geometry
+    from systems.registry import make_system
+
+    g = nominal_geometry(compose_checked(["model=tiny"]).model)
+    trace = synthetic_trace(g, steps=12, tokens=16, block=4, seed=1)
+    assert len({s.prompt for s in trace.steps}) == 1
+    summaries = []
+    for continuous_run in (False, True):
+        system = make_system("mixtral_offload", {})
+        engine = OffloadEngine(system, g, 24, CostModel(g, HardwareConfig()))
+        engine.prepare(trace if system.needs_calibration else None, 4)
+        if continuous_run:
+            served = continuous(trace, 1, [0.0], engine_forward(engine))
+            summaries.append(engine.summary())
+            assert served.latencies == [p["modeled_latency_s"] for p in summaries[-1]["step_series"]]
+        else:
+            summaries.append(engine.replay(trace))
+    assert summary_differences(summaries[0], summaries[1], rel=0.0) == []
