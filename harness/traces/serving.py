@@ -135,7 +135,7 @@ def lockstep(trace: RoutingTrace, batch: int) -> ServedBatches:
             base = trace.steps[named_member(trace, rows)]
             merged.add_step(StepInfo(b, base.block, base.step, len(merged), base.is_first_block, base.kind),
                             sum(trace.n_tokens[r] for r in rows), sum(trace.n_context[r] for r in rows))
-            merged.set_step(len(merged) - 1, loads[rows].sum(0), _summed_hints(trace, rows))
+            merged.set_step(len(merged) - 1, loads[rows].sum(0), summed_hints(trace, rows))
     batches = [requests[first:first + batch] for first in range(0, len(prompts), batch)]
     return ServedBatches(merged, batches)
 
@@ -150,7 +150,7 @@ def named_member(trace: RoutingTrace, rows: list[int]) -> int:
     return rows[0]
 
 
-def _summed_hints(trace: RoutingTrace, rows: list[int]) -> np.ndarray | None:
+def summed_hints(trace: RoutingTrace, rows: list[int]) -> np.ndarray | None:
     hints = [trace.step_hints(r) for r in rows]
     if all(h is None for h in hints):
         return None
