@@ -17,16 +17,6 @@ The package itself is callable, so that `harness.report(...)` is the report whil
 `harness.report.plots` and friends stay modules: calling it calls api.report.
 """
 
-import sys
-import types
-from typing import Any
+from harness.common.callable_package import make_callable
 
-from harness.report.api import report as _report
-
-
-class _CallableReport(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _report(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableReport
+make_callable(__name__, "harness.report.api:report")
