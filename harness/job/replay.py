@@ -15,6 +15,14 @@ The engine sees exactly what it saw live (the same loads, tokens, context and hi
 forward), so a replay gives the same counters and modeled time as the live run; a test
 holds the two together. Replays have no numerics: there is no lossless check and no wall
 clock throughput.
+
+Serving (docs/traces-and-experiments.md, "Serving"): `workload.batch=N` serves the
+requests N at a time in lock-step batches, all at time 0 (harness/traces/serving.py);
+`workload.arrivals=poisson|trace` serves them as they arrive, with up to `workload.batch`
+running and the batch rebuilt every forward (harness/traces/arrivals.py). Arrivals replay
+every system through the engine, forward by forward (the next forward's members depend on
+how long this one took), to the same bits a batch replay charges; what systems learn from
+(the calibration) is batched in lock-step either way.
 """
 
 from __future__ import annotations
@@ -34,10 +42,19 @@ from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.routing.named import ANCHOR, anchor_of
 from harness.routing.replayable import generate_with_calibration
+from harness.traces.arrival_times import arrival_times
+from harness.traces.arrivals import Served, arrival_figures, continuous, engine_forward
 from harness.traces.batch_replay import replay_trace
 from harness.traces.holdout import hold_out
 from harness.traces.routing_stats import statistics_with_uniform
-from harness.traces.serving import PER_PROMPT_TOKENS, lacks_request_tokens, lockstep, serving_figures
+from harness.traces.serving import (
+    PER_PROMPT_TOKENS,
+    ServedBatches,
+    lacks_request_tokens,
+    lockstep,
+    prompt_rows,
+    serving_figures,
+)
 from harness.zoo.entry import load_model, nominal_geometry
 
 
@@ -77,13 +94,15 @@ def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
     return min(steps, gen) if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 else steps
 
 
-def require_request_tokens(trace: RoutingTrace, path: Path) -> None:
+def require_request_tokens(trace: RoutingTrace, path: Path, arrivals: bool = False) -> None:
     """Serving a block-diffusion trace needs each request's generated tokens (its time per
     output token), which traces recorded before the serving rule of docs/dali-and-gem.md do not hold."""
     if lacks_request_tokens(trace):
+        asked, fix = ("workload.arrivals", "workload.arrivals=static") if arrivals else \
+            ("workload.batch > 1", "workload.batch=1")
         raise HarnessError(f"trace {path} records no per-request generated tokens (meta {PER_PROMPT_TOKENS}), "
-                           "which workload.batch > 1 needs for a block-diffusion trace's time per output token: "
-                           "record it again (a live run with trace.record=true) or use workload.batch=1")
+                           f"which {asked} needs for a block-diffusion trace's time per output token: "
+                           f"record it again (a live run with trace.record=true) or use {fix}")
 
 
 def explicit_traces(path: Path, needs_calibration: bool, held_out: int = 0
@@ -157,7 +176,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         workload = workload_record(cfg.workload, prompts)
         # serving needs each request's tokens: a cached trace recorded before they were kept is recorded again
-        stale = lacks_request_tokens if cfg.workload.batch > 1 else None
+        stale = lacks_request_tokens if cfg.workload.batch > 1 or cfg.workload.arrivals != "static" else None
         trace, path = workload_trace(cfg, prompts, settings, model, stale)
         calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
         calibration_file = str(calibration_path(cfg, settings)) if calibration is not None else None
@@ -172,17 +191,24 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         routing["regime"] = {"name": trace.meta.get("regime_name"), **trace.meta["regime"],
                              "seed": trace.meta.get("seed")}
 
-    served = None
-    if cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)
+    arrivals = arrival_times(cfg.workload, len(prompt_rows(trace)))  # None: static batches
+    served: ServedBatches | Served | None = None
+    if arrivals is not None:  # requests join as they arrive (harness/traces/arrivals.py)
+        require_request_tokens(trace, path, arrivals=True)
+    elif cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)
         require_request_tokens(trace, path)
         served = lockstep(trace, cfg.workload.batch)
         trace = served.trace
-        if calibration is not None:  # what a system learns from is batched the same way
-            calibration = lockstep(calibration, cfg.workload.batch).trace
+    if calibration is not None and cfg.workload.batch > 1:  # what a system learns from: batched in lock-step
+        calibration = lockstep(calibration, cfg.workload.batch).trace
     engine = setup.engine()
     engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
     start = time.perf_counter()
-    replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
+    if arrivals is not None:  # the schedule depends on each forward's time: built forward by forward
+        served = continuous(trace, cfg.workload.batch, arrivals, engine_forward(engine))
+        trace, replay_mode = served.trace, "engine"
+    else:
+        replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
     replay_s = time.perf_counter() - start
     counts = {
         "prompts": meta_count(trace, "prompts", path),
@@ -209,7 +235,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     result = build_result(cfg, setup, engine, counts, clock, identity, trace)
     result.routing = routing
     if served is not None:
-        result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.requests))
+        result.metrics.update(arrival_figures(served) if isinstance(served, Served) else
+                              serving_figures([p["modeled_latency_s"] for p in result.step_series], served.requests))
         result.flat_metrics()  # a key reported twice is an error now, before anything is written
     result.workload = workload
     return result  # run_job writes result.json
