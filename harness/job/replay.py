@@ -37,7 +37,7 @@ from harness.decode.workload import load_prompts, workload_record
 from harness.job.artifacts import calibration_path, calibration_trace, workload_trace
 from harness.job.config import HarnessConfig
 from harness.job.setup import build_result, setup_run
-from harness.placement.system import MoEGeometry
+from harness.placement.system import MoEGeometry, System
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.routing.named import ANCHOR, anchor_of
@@ -139,6 +139,16 @@ def hint_stand_in(trace: RoutingTrace, wants_hint: bool) -> str | None:
     return "recorded" if trace.has_hints else "none"
 
 
+def check_hint_channel(trace: RoutingTrace, system: System, path: Path) -> None:
+    """A system that reads a hint channel the trace's recorded hints lack is refused (one
+    line): the trace was recorded before that channel existed. A trace without any hints
+    (an import with hints=none) replays as before: the prediction is empty whatever the channel."""
+    channel = system.hint_channel
+    if system.wants_hint and trace.has_hints and not trace.has_channel(channel):
+        raise HarnessError(f"trace {path} carries no {channel} hints (recorded before that channel existed), which "
+                           f"system={system.name} reads; record the trace again, or set system.predictor=next_gate")
+
+
 def generated_traces(cfg: HarnessConfig, needs_calibration: bool
                      ) -> tuple[RoutingTrace, RoutingTrace | None, Path]:
     """routing=<regime>: the trace generated for this model at the run's sizes (its prompts,
@@ -201,6 +211,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         trace = served.trace
     if calibration is not None and cfg.workload.batch > 1:  # what a system learns from: batched in lock-step
         calibration = lockstep(calibration, cfg.workload.batch).trace
+    check_hint_channel(trace, setup.system, path)
     engine = setup.engine()
     engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
     start = time.perf_counter()

@@ -296,8 +296,9 @@ METRIC_PATTERNS: dict[str, tuple[str, str, str]] = {  # regular expression: (uni
     rf"expert_hit_rate{_PHASE}": ("fraction", _MEASURES, "routed (layer, expert) pairs resident when the layer "
                                                          "started / routed pairs (each expert once per layer and "
                                                          "forward)"),
-    rf"prefetch_(precision|recall)_(residual|token_count){_PHASE}": (
-        "fraction", _MEASURES, "of top_k experts named for layer l+1 by the residual hint or by earlier token "
+    rf"prefetch_(precision|recall)_(residual|next_gate|token_count){_PHASE}": (
+        "fraction", _MEASURES, "of top_k experts named for layer l+1 by the residual hint (gate on the input minus "
+                               "the layer's running mean), the next_gate hint (gate on the input) or earlier token "
                                "counts: named ones used / named (precision), / used (recall) "
                                "(harness/traces/dali_measures.py)"),
     rf"cache_hit_rate_(workload|lru|lfu){_PHASE}": (

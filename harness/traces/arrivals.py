@@ -160,7 +160,7 @@ def engine_forward(engine: OffloadEngine) -> Callable[[RoutingTrace, int], float
         rows.flags.writeable = False  # as live: systems read the loads, never change them
         for layer in range(engine.n_layers):
             wants = engine.system.wants_hint and layer + 1 < engine.n_layers
-            engine.plan_layer(layer, rows[layer], merged.hint(s, layer) if wants else None)
+            engine.plan_layer(layer, rows[layer], merged.hint(s, layer, engine.system.hint_channel) if wants else None)
         engine.end_step()
         return float(engine.ledger.step_series()[-1]["modeled_latency_s"])
 
