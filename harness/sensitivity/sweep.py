@@ -96,6 +96,10 @@ def _no_model() -> LoadedModel:
 def replayer_for(job: SweepJob, traces: dict[str, RoutingTrace], loads: dict[str, np.ndarray]) -> JobReplayer:
     """The job's replayer; traces (and their loads) are shared between the jobs of a cell (by path)."""
     cfg, result = job.cfg, job.result
+    if cfg.workload.arrivals != "static":  # when requests join depends on every forward's time, so on the profile
+        raise HarnessError(f"job {job.run_dir} serves requests as they arrive (workload.arrivals="
+                           f"{cfg.workload.arrivals}), whose batches depend on the hardware profile; the sensitivity "
+                           "analysis re-charges fixed forwards: run it over a sweep with workload.arrivals=static")
     geometry = nominal_geometry(cfg.model)
     setup = setup_run(cfg, geometry)
     path = result.identity.trace

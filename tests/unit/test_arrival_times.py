@@ -12,6 +12,8 @@ from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from harness.job.resume import config_hash
+from harness.results.run_result import RunIdentity, RunResult
+from harness.sensitivity.sweep import SweepJob, replayer_for
 from harness.traces.arrival_times import ARRIVAL_DEFAULTS, arrival_times, read_arrival_trace
 from harness.traces.arrivals import poisson_arrivals
 
@@ -98,3 +100,13 @@ def test_a_static_run_keeps_the_hash_it_had_before_arrivals(overrides: list[str]
     seeded = compose_checked([*overrides, "source=trace", "workload.arrivals=poisson", "workload.arrival_rate=2",
                               "workload.arrival_seed=1"])
     assert config_hash(seeded.as_dict(), "cpu") != config_hash(served.as_dict(), "cpu")
+
+
+def test_the_sensitivity_analysis_refuses_a_job_served_with_arrivals(tmp_path: Path) -> None:
+    """Re-charging a job's forwards under another profile would keep batches that the profile
+    changes (when a request joins depends on every forward's time): one line naming the fix."""
+    cfg = compose_checked(["source=trace", "workload.arrivals=poisson", "workload.arrival_rate=2"])
+    job = SweepJob(tmp_path, "fiddler", (), cfg, RunResult(RunIdentity()))
+    with pytest.raises(HarnessError, match=r"run it over a sweep with workload\.arrivals=static") as info:
+        replayer_for(job, {}, {})
+    assert "\n" not in str(info.value)
