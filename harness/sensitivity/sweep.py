@@ -19,12 +19,13 @@ from harness.common.errors import HarnessError
 from harness.decode.loading import LoadedModel
 from harness.job.artifacts import calibration_trace
 from harness.job.config import HarnessConfig
-from harness.job.replay import recorded_steps
+from harness.job.replay import recorded_steps, require_request_tokens
 from harness.job.setup import setup_run
 from harness.placement.trace import RoutingTrace
 from harness.results.records import system_label
 from harness.results.run_result import RunResult
 from harness.sensitivity.replayer import JobReplayer, JobSpec, trace_loads
+from harness.traces.serving import lockstep
 from harness.tracking.run_files import RESULT_FILE
 from harness.zoo.entry import nominal_geometry
 
@@ -105,18 +106,26 @@ def replayer_for(job: SweepJob, traces: dict[str, RoutingTrace], loads: dict[str
     path = result.identity.trace
     if not path or not Path(path).is_file():
         raise HarnessError(f"job {job.run_dir}: its trace {path} is gone; run the sweep again to record it")
-    if path not in traces:
-        traces[path] = RoutingTrace.load(Path(path))
-    trace = traces[path]
-    if path not in loads:
-        loads[path] = trace_loads(trace)
+    batch = cfg.workload.batch
+    key = path if batch == 1 else f"{path}#batch={batch}"  # a job served in lock-step replays the batched trace
+    if key not in traces:
+        trace = RoutingTrace.load(Path(path))
+        if batch > 1:  # as the job's replay served it (harness/job/replay.py)
+            require_request_tokens(trace, Path(path))
+            trace = lockstep(trace, batch).trace
+        traces[key] = trace
+    trace = traces[key]
+    if key not in loads:
+        loads[key] = trace_loads(trace)
     calibration = None
     if setup.needs_calibration:  # the file the job named, else (older results) the cached one by key
         named = result.identity.calibration
         calibration = RoutingTrace.load(Path(named)) if named and Path(named).is_file() else \
             calibration_trace(cfg, cfg.decode, _no_model)
+        if batch > 1:  # what the system learnt from was batched the same way
+            calibration = lockstep(calibration, batch).trace
     metrics = result.flat_metrics()
     spec = JobSpec(cfg.system, geometry, setup.budget.experts_per_layer, setup.budget.scope, setup.hardware, trace,
                    calibration, recorded_steps(trace, Path(path), cfg.decode.steps), int(metrics["generated_tokens"]),
-                   loads[path])
+                   loads[key])
     return JobReplayer(spec)

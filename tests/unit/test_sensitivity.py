@@ -163,14 +163,14 @@ def test_recharges_give_the_bits_of_full_replays(variant):
 
 # ---- the command on a small sweep -------------------------------------------------------------
 
-def small_sweep(root: Path, cache: Path, uri: str = "sqlite:///unused.db") -> Path:
+def small_sweep(root: Path, cache: Path, uri: str = "sqlite:///unused.db", extra: tuple[str, ...] = ()) -> Path:
     """A hand-built replay sweep of the tiny model: three systems x two budgets."""
     sweep = root / "sweep"
     systems = [["system=gpu_only"], ["system=fiddler"], ["system=tide", "system.tau=2"]]
     for i, (budget, system) in enumerate((b, s) for b in (8, 24) for s in systems):
         overrides = ["model=tiny", "decode.gen_length=12", "decode.block_length=8", "decode.steps=8",
                      "limit_prompts=2", "source=trace", "budget=custom", f"budget.experts_per_layer={budget}",
-                     f"cache_dir={cache}", "tracking.enabled=false", f"tracking.uri={uri}", *system]
+                     f"cache_dir={cache}", "tracking.enabled=false", f"tracking.uri={uri}", *system, *extra]
         job_dir = sweep / str(i)
         (job_dir / ".hydra").mkdir(parents=True)
         (job_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
@@ -213,6 +213,17 @@ def test_the_command_writes_the_table_csv_and_a_tornado_per_cell(proxy_cache, ti
     assert "Warning" not in text  # the 1x replays equal the sweep's recorded figures
     for row in at_one:
         assert math.isfinite(float(row["tokens_per_s"]))
+
+
+def test_jobs_served_in_lock_step_batches_are_re_charged_batched(proxy_cache, tiny_dir, tmp_path):
+    """A sweep served two requests a batch: its 1x re-charges are the recorded figures (the
+    analysis batches the trace as the job's replay did, not the unbatched trace)."""
+    sweep = small_sweep(tmp_path, proxy_cache, extra=("workload.batch=2",))
+    out = tmp_path / "out"
+    assert sensitivity_main([f"sweep={sweep}", "scales=0.5,2,3", "constants=pcie_gbps", "tracking=false",
+                             "references=gpu_only", f"out={out}", "jobs=1"]) == 0
+    text = (out / "sensitivity.md").read_text()
+    assert "## Headline" in text and "Warning" not in text  # base_mismatches: every 1x replay equals its job's
 
 
 def test_the_command_logs_under_the_sweeps_parent_run(proxy_cache, tiny_dir, tmp_path):
