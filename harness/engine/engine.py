@@ -247,11 +247,13 @@ class OffloadEngine:
             loads = load.numpy()  # what systems and rules read: numpy, a view of the load
             loads.flags.writeable = False  # a system reads the load; the ledger records it after the plan
         system = self.system
-        hints = hint if hint is None or isinstance(hint, Mapping) else {system.hint_channel: hint}
+        # a bare tensor (or None) is the system's own channel's; a mapping holds every channel computed
+        single = hint is None or isinstance(hint, torch.Tensor)
         if self.trace is not None:
-            self.trace.record(layer, load if type(load) is torch.Tensor else torch.from_numpy(loads.copy()), hints)
+            recorded = {system.hint_channel: hint} if single and hint is not None else hint
+            self.trace.record(layer, load if type(load) is torch.Tensor else torch.from_numpy(loads.copy()), recorded)
         plan_start = perf_counter()
-        mine = hints.get(system.hint_channel) if hints is not None and system.wants_hint else None
+        mine = None if not system.wants_hint else hint if single else hint.get(system.hint_channel)
         plan = system.plan(layer, loads, mine, self._views[layer])
         plan_s = perf_counter() - plan_start
         # checks read residency as it is before the plan; `_move` then applies the plan

@@ -32,6 +32,7 @@ import torch
 
 from harness.common.errors import HarnessError
 from harness.engine.engine import OffloadEngine
+from harness.model.hints import RESIDUAL
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
 from harness.traces.serving import (
@@ -118,7 +119,7 @@ def continuous(trace: RoutingTrace, batch: int, arrivals: list[float],
         merged.add_step(StepInfo(period, base.block, base.step, len(merged), base.is_first_block, base.kind),
                         sum(trace.n_tokens[r] for r in rows), sum(trace.n_context[r] for r in rows))
         s = len(merged) - 1
-        merged.set_step(s, loads[rows].sum(0), summed_hints(trace, rows))
+        merged.set_step(s, loads[rows].sum(0), summed_hints(trace, rows), summed_hints(trace, rows, RESIDUAL))
         seconds = float(forward(merged, s))
         clock += seconds
         served.latencies.append(seconds)
