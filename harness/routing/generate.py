@@ -5,7 +5,7 @@ Each token picks top-k distinct experts per MoE layer by Gumbel-top-k over its r
 popularity (a Zipf ranking mixed from a shared and a per-request one, harness/routing/params.py),
 after two kinds of forced slots:
 
-  reuse     each slot with probability `locality` takes an expert the same token used one
+  reuse     each slot with probability `locality` takes an expert (a distinct slot of) the same token used one
             denoising step earlier (block diffusion: the window's tokens persist across steps)
             or an earlier token used (autoregressive), the lag d drawn with weight decay^(d-1)
             (d x `period` tokens/steps back)
@@ -103,7 +103,9 @@ class Router:
         avail = sources[self.period - 1::self.period][:MAX_LAG]
         if avail and regime.locality > 0:
             lag = rng.choice(len(avail), size=(n, L, k), p=self.lag_weights[len(avail) - 1])
-            slot = rng.integers(k, size=(n, L, k))
+            # slot j reuses slot perm(j) of the earlier token/step: distinct slots, so at locality
+            # near 1 a token keeps nearly all its k experts (a diffusion step re-routing the same tokens)
+            slot = rng.permuted(np.broadcast_to(np.arange(k), (n, L, k)).copy(), axis=-1)
             stacked = np.stack(avail)  # [D, n, L, k]
             cand = stacked[lag, np.arange(n)[:, None, None], np.arange(L)[None, :, None], slot]
             keep = rng.random((n, L, k)) < regime.locality
