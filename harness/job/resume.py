@@ -1,9 +1,12 @@
 """`resume=true`: skip a job whose result already exists for the same config.
 
 A job's identity is its config hash: the resolved config without the keys that say where
-or how things are recorded (hydra, tracking, resume, cache_dir, show_text), and without
+or how things are recorded (hydra, tracking, resume, cache_dir, show_text), without
 the workload's arrival settings where they are at their defaults (static batches), so that
-adding them kept every earlier run's hash (harness/traces/arrival_times.py). After every
+adding them kept every earlier run's hash (harness/traces/arrival_times.py), and without the
+`routing` option while it is the default `recorded` (the model's own routing: what every run
+replayed before generated routing existed, so their results keep their hashes;
+docs/routing-regimes.md). After every
 finished job an index file `<cache_dir>/results/<hash>.json` is written atomically,
 pointing at its result.json. A sweep that is run again (which gets a new timestamped
 sweep dir) therefore finds the results of the earlier, interrupted sweep wherever they
@@ -32,6 +35,7 @@ from harness.hybrid.backend import resolve_backend
 from harness.job.artifacts import code_version
 from harness.results.records import compact_line, record_from_result
 from harness.results.run_result import RunResult
+from harness.routing.named import RECORDED
 from harness.traces.arrival_times import hashed_workload
 
 if TYPE_CHECKING:
@@ -48,6 +52,9 @@ def config_hash(config: Mapping[str, Any], backend: str | None = None) -> str:
     identity = {k: v for k, v in config.items() if k not in HASH_EXCLUDED_KEYS}
     if isinstance(identity.get("workload"), Mapping):  # arrival settings at their defaults: the hash they had
         identity["workload"] = hashed_workload(identity["workload"])
+    routing = identity.get("routing")
+    if routing is None or (isinstance(routing, Mapping) and routing.get("name") == RECORDED):
+        identity.pop("routing", None)  # the default routing: no other field of it is read
     if identity.get("backend") == "auto":
         identity["backend"] = backend or _local_backend()
     return fingerprint(identity)

@@ -1,7 +1,9 @@
 """How close generated routing comes to the trace it was fitted to, system by system
 (docs/routing-regimes.md): each single-GPU system's modeled tokens/s and miss rate replayed
 over the trace (with the calibration recorded beside it) and over the trace its regime
-generates in the same shape (with generated calibration requests).
+generates in the same shape (with generated calibration requests); then the routing
+statistics of both traces: the fit's (harness/routing/moments.py, at the regime's period) and
+a few of harness.traces.routing_stats' at B = a quarter of the experts.
 
     python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0]
 """
@@ -16,8 +18,10 @@ from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.placement.trace import RoutingTrace
 from harness.regimes.grid import SINGLE, configs, replay
 from harness.routing.generate import Dims
+from harness.routing.moments import trace_moments
 from harness.routing.named import regime_file
 from harness.routing.replayable import generate_with_calibration
+from harness.traces.routing_stats import routing_statistics
 
 COMMAND = KeyValueCommand(
     "python -m harness.regimes.fidelity", "each system's figures on a trace and on its fitted regime's routing",
@@ -27,7 +31,12 @@ COMMAND = KeyValueCommand(
     example="python -m harness.regimes.fidelity trace=tests/golden/mini/trace.npz regime=mini_fit")
 
 
+ROUTING_STATS = ("top_b_share", "top_b_share_step", "distinct_experts_per_layer_step", "popularity_cv")
+
+
 def fidelity(trace_path: Path, regime: str, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Per system: tokens/s and miss rate on the trace and on its regime's generated routing;
+    under "routing statistics": each statistic on both traces."""
     trace = RoutingTrace.load(trace_path)
     beside = trace_path.parent / "calibration.npz"
     calibration = RoutingTrace.load(beside) if beside.exists() else None
@@ -40,6 +49,19 @@ def fidelity(trace_path: Path, regime: str, seed: int = 0) -> dict[str, dict[str
         out[system] = {"tokens_per_s": a["tokens_per_s"], "tokens_per_s_generated": b["tokens_per_s"],
                        "tokens_per_s_ratio": b["tokens_per_s"] / a["tokens_per_s"] - 1 if a["tokens_per_s"] else 0.0,
                        "miss_rate": a["miss_rate"], "miss_rate_generated": b["miss_rate"]}
+    out["routing statistics"] = statistics(trace, generated, int(fitted.regime.period))
+    return out
+
+
+def statistics(trace: RoutingTrace, generated: RoutingTrace, period: int) -> dict[str, float]:
+    """name -> value on the trace, name + "_generated" -> on the generated one."""
+    b = max(1, trace.n_experts // 4)
+    out: dict[str, float] = {}
+    for suffix, t in (("", trace), ("_generated", generated)):
+        seen = routing_statistics(t, b)
+        stats = {**trace_moments(t, period), **{k: seen[k] for k in ROUTING_STATS},
+                 "cosine_k1": (seen["cosine_by_k"] or [None])[0]}
+        out.update({f"{k}{suffix}": float("nan") if v is None else float(v) for k, v in stats.items()})
     return out
 
 
@@ -47,11 +69,15 @@ def main(argv: list[str]) -> int:
     COMMAND.prog = program_name(COMMAND.prog)
     args = COMMAND.parse(argv)
     rows = fidelity(Path(args["trace"]), args["regime"], int(args["seed"]))
+    stats = rows.pop("routing statistics")
     print("| system | tokens/s (trace) | tokens/s (generated) | difference | miss (trace) | miss (generated) |")
     print("|---|---|---|---|---|---|")
     for system, r in rows.items():
         print(f"| {system} | {r['tokens_per_s']:.2f} | {r['tokens_per_s_generated']:.2f} | "
               f"{r['tokens_per_s_ratio']:+.1%} | {r['miss_rate']:.3f} | {r['miss_rate_generated']:.3f} |")
+    print("\n| routing statistic | trace | generated |\n|---|---|---|")
+    for key in (k for k in stats if not k.endswith("_generated")):
+        print(f"| {key} | {stats[key]:.4g} | {stats[key + '_generated']:.4g} |")
     return 0
 
 

@@ -109,6 +109,8 @@ def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed
     cells = []
     for point in points(fitted.regime):
         knobs = {k: v for k, v in point.items() if k != "anchor"}
+        if "anchor" not in point:  # the locality axis is the neighbour's reuse (a fitted period 2 kept at the anchor)
+            knobs["period"] = 1.0
         regime = RegimeFile(replace(fitted.regime, **knobs), fitted.shape, {}, f"{family}_grid")
         any_cfg = next(iter(cfgs.values()))
         sizes = SIZES[_mode(family)]

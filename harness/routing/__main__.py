@@ -1,7 +1,8 @@
 """`python -m harness.routing <verb> key=value ...`: generated routing (docs/routing-regimes.md).
 
-  fit       trace=<trace.npz> out=<regime.yaml> [name=] [seed=0]: the knobs whose generated
-            traces match the trace's statistics, with its shape, into a regime file
+  fit       trace=<trace.npz> out=<regime.yaml> [name=] [seed=0] [recorded_by=<command>]: the
+            knobs whose generated traces match the trace's statistics, with its shape, into a
+            regime file
   generate  regime=<regime.yaml | conf/routing name> model=<name> [config=<config.json>]
             out=<trace.npz> [seed=0] [calibration=2] [requests=] [prompt=] [gen=]: a trace for
             any model's geometry; `calibration` more requests go to calibration.npz beside it
@@ -28,7 +29,9 @@ FIT = KeyValueCommand(
     [Option("trace", "a trace.npz (a recording, an import, a generated one)", required=True),
      Option("out", "the regime file to write (.yaml or .json)", required=True),
      Option("name", "the regime's name (default: the out file's stem)"),
-     Option("seed", "the seed of the fit's simulations", "0")],
+     Option("seed", "the seed of the fit's simulations", "0"),
+     Option("recorded_by", "the command that recorded the trace (kept in the regime file: say it when the "
+            "trace is a temporary file)")],
     example="python -m harness.routing fit trace=outputs/runs/<run>/trace.npz out=conf/routing/mine.yaml")
 GENERATE = KeyValueCommand(
     "python -m harness.routing generate", "generate a routing trace from a regime file for any model",
@@ -70,6 +73,9 @@ def main(argv: list[str]) -> int:
         trace = RoutingTrace.load(args["trace"])
         out = Path(args["out"])
         regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed)
+        if args.get("recorded_by"):
+            regime.fitted_from = {"trace": regime.fitted_from["trace"], "recorded_by": args["recorded_by"],
+                                  **{k: v for k, v in regime.fitted_from.items() if k != "trace"}}
         regime.save(out)
         print(f"fitted {regime.regime.as_dict()} -> {out}")
         for knob, pair in regime.fitted_from["statistics"].items():

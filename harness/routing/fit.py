@@ -4,7 +4,7 @@ simulated moments (docs/routing-regimes.md): each knob is matched to its statist
 shape and geometry with one fixed seed (common random numbers keep each statistic monotone
 in its knob); the knobs are solved together because they interact (locality also
 concentrates a request's popularity, affinity also repeats experts over time).
-`hint_quality` is read off the trace's hints directly.
+`hint_quality` is read off the trace's hints directly, `period` off its overlap at lags 1..4.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from harness.common.errors import HarnessError
 from harness.placement.trace import RoutingTrace
 from harness.routing.generate import Dims, generate, simulate
-from harness.routing.moments import moments, shape_of, trace_moments
+from harness.routing.moments import moments, period_of, shape_of, trace_lag_profile, trace_moments
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
 
 # knob -> (its statistic rises with it?, bracket searched)
@@ -36,10 +36,11 @@ def simulated_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed
     sim = simulate(regime, shape, dims, seed)
     infos = [info for info, _, _ in sim.steps]
     loads = np.stack(sim.loads)
+    period = int(regime.period)
     if shape.mode == "block" and shape.cache == "none":  # as a no-cache trace routes the window
-        return trace_moments(generate(regime, shape, dims, seed))
+        return trace_moments(generate(regime, shape, dims, seed), period)
     return moments(loads, [i.kind for i in infos], [i.prompt for i in infos], [i.block for i in infos],
-                   [t for _, t, _ in sim.steps])
+                   [t for _, t, _ in sim.steps], period)
 
 
 def hint_quality(trace: RoutingTrace) -> float | None:
@@ -72,16 +73,19 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None) 
     """The regime whose generated traces (this trace's shape and geometry) match its
     statistics, and a record of the fit: target and reached statistics per knob."""
     shape, dims = shape_of(trace), Dims.of_trace(trace)
-    target = trace_moments(trace)
+    profile = trace_lag_profile(trace)
+    period = period_of(profile)
+    target = trace_moments(trace, period)
     if all(math.isnan(v) for v in target.values()):
         raise HarnessError("the trace has no decoding forwards to fit; give a trace of a decode")
-    regime = start or RoutingRegime()
+    regime = replace(start or RoutingRegime(), period=float(period))
     q = hint_quality(trace)
     if q is not None:
         regime = replace(regime, hint_quality=q)
     knobs = [k for k in SEARCH if not math.isnan(target[k])]
     best = None
-    for begin in (regime, replace(SECOND_START, hint_quality=regime.hint_quality)):  # the better of two starts
+    second = replace(SECOND_START, hint_quality=regime.hint_quality, period=regime.period)
+    for begin in (regime, second):  # the better of two starts
         fitted, reached = _newton(begin, knobs, target, shape, dims, seed)
         misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))
         if best is None or misfit < best[0]:
@@ -89,6 +93,7 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None) 
     _, regime, reached = best
     record = {"statistics": {k: {"target": _num(target[k]), "reached": _num(reached[k])} for k in target},
               "unfitted": [k for k in SEARCH if k not in knobs], "seed": seed,
+              "lag_profile": [_num(v) for v in profile], "period_from": "lag_profile",
               "hint_quality_from": "hints" if q is not None else "default (the trace has no hints)"}
     return regime, record
 

@@ -5,9 +5,10 @@ Each token picks top-k distinct experts per MoE layer by Gumbel-top-k over its r
 popularity (a Zipf ranking mixed from a shared and a per-request one, harness/routing/params.py),
 after two kinds of forced slots:
 
-  reuse     each slot with probability `locality` takes an expert the same token used one
+  reuse     each slot with probability `locality` takes an expert (a distinct slot of) the same token used one
             denoising step earlier (block diffusion: the window's tokens persist across steps)
             or an earlier token used (autoregressive), the lag d drawn with weight decay^(d-1)
+            (d x `period` tokens/steps back)
   affinity  each slot with probability `affinity` takes the expert a fixed random map of
             layer l assigns to one of the token's layer-l experts (at layer l + 1)
 
@@ -86,6 +87,8 @@ class Router:
         self.prefill_logp = popularity(regime.prefill_skew)
         lags = regime.decay ** np.arange(MAX_LAG)
         self.lag_weights = [lags[:n] / lags[:n].sum() for n in range(1, MAX_LAG + 1)]
+        self.period = int(regime.period)
+        self.memory = MAX_LAG * self.period  # the earlier tokens/steps a reuse may come from
 
     def _ranks(self, shape: tuple[int, ...]) -> np.ndarray:
         return self.rng.permuted(np.broadcast_to(np.arange(shape[-1]), shape).copy(), axis=-1)
@@ -97,10 +100,12 @@ class Router:
         rng, regime = self.rng, self.regime
         u = rng.random((n, L, E), dtype=np.float32)
         scores = (logp if logp.ndim == 3 else logp[None]) - np.log(-np.log(np.clip(u, 1e-12, 1 - 1e-7)))
-        if sources and regime.locality > 0:
-            avail = sources[:MAX_LAG]
+        avail = sources[self.period - 1::self.period][:MAX_LAG]
+        if avail and regime.locality > 0:
             lag = rng.choice(len(avail), size=(n, L, k), p=self.lag_weights[len(avail) - 1])
-            slot = rng.integers(k, size=(n, L, k))
+            # slot j reuses slot perm(j) of the earlier token/step: distinct slots, so at locality
+            # near 1 a token keeps nearly all its k experts (a diffusion step re-routing the same tokens)
+            slot = rng.permuted(np.broadcast_to(np.arange(k), (n, L, k)).copy(), axis=-1)
             stacked = np.stack(avail)  # [D, n, L, k]
             cand = stacked[lag, np.arange(n)[:, None, None], np.arange(L)[None, :, None], slot]
             keep = rng.random((n, L, k)) < regime.locality
@@ -182,14 +187,14 @@ def _autoregressive(router: Router, shape: TraceShape, sim: Simulated) -> None:
     for r, p in enumerate(shape.prompt_tokens):
         ids = router.route(router.prefill_logp[r], p, []) if p else None
         prefills.append(ids)
-        tails.append([ids[p - 1 - j][None] for j in range(min(p, MAX_LAG))] if ids is not None else [])
-    history = [np.concatenate([t[j] if j < len(t) else t[-1] for t in tails]) for j in range(MAX_LAG)] \
+        tails.append([ids[p - 1 - j][None] for j in range(min(p, router.memory))] if ids is not None else [])
+    history = [np.concatenate([t[j] if j < len(t) else t[-1] for t in tails]) for j in range(router.memory)] \
         if all(tails) else []  # a request without a prompt starts without history
     drawn = []
     for _ in range(longest):  # token d of every request at once
         ids = router.route(router.decode_logp, shape.requests, history)  # [R, L, k]
         drawn.append(ids)
-        history = [ids, *history[:MAX_LAG - 1]]
+        history = [ids, *history[:router.memory - 1]]
     for r, (p, d_count) in enumerate(zip(shape.prompt_tokens, decoded, strict=True)):
         if p:
             sim.add(StepInfo(r, 0, 0, len(sim.steps), True, "prefill"), p, p, prefills[r], router.prefill_logp[r],
@@ -221,7 +226,7 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
         history: list[np.ndarray] = []
         for s in range(steps):
             ids = router.route(router.decode_logp[r], lb, history)
-            history = [ids, *history[:MAX_LAG - 1]]
+            history = [ids, *history[:router.memory - 1]]
             sim.add(StepInfo(r, block, s, len(sim.steps), i == 0, "denoise"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
         if i + 1 < n_blocks:  # the finished block's commit: its tokens one step on

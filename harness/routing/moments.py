@@ -11,6 +11,7 @@
                 temporal_locality), beyond chance: (share - c) / (1 - c), c the same share
                 between forwards half the request apart
   decay         the same two forwards apart
+                (with period 2, harness/routing/params.py: locality two forwards apart, decay four)
   affinity      cosine between a forward's layer l+1 load and its prediction from its layer
                 l load through the layers' co-occurrence matrices, learnt on the even
                 decoding forwards and scored on the odd ones, minus the cosine of the
@@ -90,10 +91,29 @@ def _affinity(loads: np.ndarray) -> float:
     return cosine(np.einsum("sle,lef->slf", test[:, :-1], co)) - cosine(popular)
 
 
+PERIOD_MARGIN = 0.02  # how much more the overlap two forwards apart must be for period 2
+
+
+def lag_profile(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: list[int],
+                lags: int = 4) -> list[float]:
+    """The overlap beyond chance 1..lags forwards apart (the locality statistic at each lag)."""
+    kind = np.array(kinds)
+    decoding = (kind == "denoise") | (kind == "decode")
+    return [_lag_overlap(loads, np.array(prompts), np.array(blocks), decoding, kind == "decode", lag)
+            for lag in range(1, lags + 1)]
+
+
+def period_of(profile: list[float]) -> int:
+    """2 when the overlap two forwards apart beats the neighbour's and four apart beats three
+    (a decode alternating between two states), else 1."""
+    o1, o2, o3, o4 = (v if not math.isnan(v) else 0.0 for v in profile[:4])
+    return 2 if o2 > o1 + PERIOD_MARGIN and o4 > o3 + PERIOD_MARGIN else 1
+
+
 def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: list[int],
-            tokens: list[int]) -> dict[str, float]:
+            tokens: list[int], period: int = 1) -> dict[str, float]:
     """The statistics of the module docstring for loads [S, L, E] and each forward's kind,
-    request and block."""
+    request and block; locality and decay `period` and 2 x `period` forwards apart."""
     kind = np.array(kinds)
     decoding = (kind == "denoise") | (kind == "decode")
     ar = kind == "decode"
@@ -114,17 +134,22 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
     return {
         "skew": _entropy(pop.reshape(-1, pop.shape[-1])),
         "shared": shared,
-        "locality": _lag_overlap(loads, prompt, block, decoding, ar, 1),
-        "decay": _lag_overlap(loads, prompt, block, decoding, ar, 2),
+        "locality": _lag_overlap(loads, prompt, block, decoding, ar, period),
+        "decay": _lag_overlap(loads, prompt, block, decoding, ar, 2 * period),
         "affinity": _affinity(loads[decoding]),
         "cohesion": _entropy(loads[decoding & (np.array(tokens) > 1)].reshape(-1, loads.shape[-1])),
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
     }
 
 
-def trace_moments(trace: RoutingTrace) -> dict[str, float]:
+def trace_moments(trace: RoutingTrace, period: int = 1) -> dict[str, float]:
     return moments(trace.loads.numpy(), [s.kind for s in trace.steps], [s.prompt for s in trace.steps],
-                   [s.block for s in trace.steps], trace.n_tokens)
+                   [s.block for s in trace.steps], trace.n_tokens, period)
+
+
+def trace_lag_profile(trace: RoutingTrace) -> list[float]:
+    return lag_profile(trace.loads.numpy(), [s.kind for s in trace.steps], [s.prompt for s in trace.steps],
+                       [s.block for s in trace.steps])
 
 
 def shape_of(trace: RoutingTrace) -> TraceShape:

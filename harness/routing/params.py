@@ -30,7 +30,8 @@ CACHES = ("prefix", "none")
 MAX_LAG = 4  # the furthest earlier token/step a reuse may come from
 RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "decay": (0.0, 0.95),
           "affinity": (0.0, 0.99), "cohesion": (0.0, 0.99), "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
-          "gate_concentration": (1e-3, 1e3)}
+          "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0)}
+WHOLE = ("period",)  # knobs that take whole numbers only
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,12 @@ class RoutingRegime:
     decay         how that dependence fades with distance: a reuse comes from lag d
                   (1..MAX_LAG) with probability proportional to decay^(d-1) (0: only the
                   previous token/step).
+    period        the distance, in tokens/steps, of the nearest reuse: 1 (the previous one)
+                  or 2 (the one before it: a decode that alternates between two states, as
+                  the greedy decodes of random proxies loop over two tokens, reuses every
+                  second token's experts and not its neighbour's); lag d of `decay` is then
+                  d x period tokens back. Not searched by `fit`: read off the trace's overlap
+                  at lags 1..4 (harness/routing/moments.py).
     cohesion      probability that one of a token's slots takes an expert of its forward's
                   anchor set (k experts drawn once per forward and layer): the tokens of one
                   forward route alike (a diffusion window's masked tokens look the same;
@@ -77,6 +84,7 @@ class RoutingRegime:
     prefill_skew: float = 1.0
     hint_quality: float = 0.5
     gate_concentration: float = 1.0
+    period: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -85,6 +93,9 @@ class RoutingRegime:
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) \
                     or not low <= value <= high:
                 raise HarnessError(f"routing knob {f.name}={value!r} must be a number in [{low}, {high}] "
+                                   "(docs/routing-regimes.md)")
+            if f.name in WHOLE and value != int(value):
+                raise HarnessError(f"routing knob {f.name}={value!r} must be a whole number in [{low:g}, {high:g}] "
                                    "(docs/routing-regimes.md)")
 
     def as_dict(self) -> dict[str, float]:

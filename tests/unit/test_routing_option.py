@@ -63,3 +63,21 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_the_default_routing_does_not_enter_the_resume_hash() -> None:
+    """Results made before the routing option existed keep their hash (resume=true reuses
+    them); a generated routing is another job."""
+    from harness.job.resume import config_hash
+
+    register_configs()
+    base = ["model=tiny", "source=trace", "tracking.enabled=false", "system=fiddler"]
+    implicit = compose_checked(base).as_dict()
+    explicit = compose_checked([*base, "routing=recorded"]).as_dict()
+    generated = compose_checked([*base, "routing=mini_fit"]).as_dict()
+    assert implicit["routing"]["name"] == explicit["routing"]["name"] == "recorded"
+    before = {k: v for k, v in implicit.items() if k != "routing"}  # a config of before the option
+    assert config_hash(implicit, "cpu") == config_hash(explicit, "cpu") == config_hash(before, "cpu")
+    assert config_hash(generated, "cpu") != config_hash(implicit, "cpu")
+    assert config_hash({**generated, "routing": {**generated["routing"], "seed": 1}}, "cpu") \
+        != config_hash(generated, "cpu")
