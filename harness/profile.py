@@ -11,7 +11,9 @@ What it measures (harness/accounting/profiling.py does the timing):
   interpolates; a dense check of every token count from 1 to dense_max against that
   interpolation (how far the charge is from a measurement between boundaries); host memory
   bandwidth (a large copy); with CUDA the GPU expert latency, HBM bandwidth (fitted to the
-  GPU roofline) and pinned and pageable host->device copies.
+  GPU roofline), pinned and pageable host->device copies, and the grouped-GEMM tile
+  (`gpu_gemm_tile`, harness/accounting/gemm_tile.py); without CUDA the tile is not
+  measured and the profile keeps its default, and says so.
 Writes: the YAML profile at `out` (every HardwareConfig field, each constant with its
 source: "measured on <host> ...: <this command>"; without CUDA the GPU and PCIe figures
 are a100_pcie4's, with their sources), its details beside it (`<out>.json`), and the
@@ -104,6 +106,23 @@ def fitted_cpu_roofline(geometry: MoEGeometry, tokens: list[int], seconds: list[
             "cpu_call_overhead_us": overhead * 1e6}
 
 
+def tile_record(entry: dict[str, Any], kept: int) -> dict[str, Any]:
+    """What became of the grouped-GEMM tile (`gpu_gemm_tile`): measured, not found in the
+    GPU's timings, or not measurable here (no CUDA); the last two keep the profile's `kept`."""
+    measured = entry.get("gemm_tile")
+    if measured is None:
+        return {"measured": False, "tile": kept,
+                "note": f"grouped-GEMM tile: no CUDA on this machine, so it cannot be measured; the profile keeps "
+                        f"hardware.gpu_gemm_tile={kept} (an assumption, docs/dali-and-gem.md)"}
+    if measured.get("tile") is None:
+        return {"measured": False, "tile": kept,
+                "note": f"grouped-GEMM tile: the batched matmul's timings at {measured['tokens'][0]}.."
+                        f"{measured['tokens'][-1]} tokens show no staircase of 8..128 rows; the profile keeps "
+                        f"hardware.gpu_gemm_tile={kept} (the timings are in the details file)"}
+    return {"measured": True, "tile": measured["tile"],
+            "note": f"grouped-GEMM tile: {measured['tile']} rows, measured ({measured['shape']})"}
+
+
 def parse(argv: list[str]) -> dict[str, str]:
     COMMAND.prog = program_name(COMMAND.prog)
     return COMMAND.parse(argv)
@@ -162,9 +181,11 @@ def main(argv: list[str]) -> int:
                             "profile_if_missing": False, "sources": sources, "file": None})
     path = Path(options["out"])
     write_atomic(path, lambda f: f.write(yaml.safe_dump(asdict(out), sort_keys=False, width=1000).encode()))
+    tile = tile_record(profile["shapes"][expert_shape(geometry)], out.gpu_gemm_tile)
+    print(tile["note"], file=sys.stderr)
     write_json_atomic(path.with_suffix(path.suffix + ".json"), {
         "host": profile.get("host"), "cpu": profile.get("cpu"), "torch": torch.__version__,
-        "command": command, "host_memory_gbps": mem_gbps, "dense_check": dense,
+        "command": command, "host_memory_gbps": mem_gbps, "dense_check": dense, "gemm_tile": tile,
         "entry": profile["shapes"][expert_shape(geometry)]})
     print(f"wrote {path} (and {path}.json); CPU table {len(tokens)} points, dense check 1..{options['dense_max']}: "
           f"max error {100 * dense['max_rel_error']:.1f}% (mean {100 * dense['mean_rel_error']:.1f}%), "

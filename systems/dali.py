@@ -29,8 +29,11 @@ assign (greedy 0-1 assignment). Per step and layer, every expert goes to the GPU
     on the test's 1,500 fixed cases mean 1.002, optimal in ~96% (tests/unit/test_dali.py).
     Off: every resident routed expert on the GPU, every other one on the CPU (no sync
     copies: the cache changes only through prefetch).
-prefetch (residual-based). The engine hands plan(l) the hint for layer l+1 (its gate
-    applied to layer l's hidden state, the residual stream, summed over tokens); the
+prefetch (residual-based). The engine hands plan(l) the hint for layer l+1 of the
+    channel `predictor` names (harness/model/hints.py; docs/dali-and-gem.md "Prefetch: the
+    predictor"): `residual` (default, the harness's reading of the paper) is layer l+1's
+    gate applied to layer l's router input minus that layer's running mean, `next_gate`
+    (the earlier harness's) the same gate on the input itself, each summed over tokens; the
     experts it predicts heaviest that layer l+1 does not hold are copied asynchronously
     into layer l+1's cache, never evicting one of layer l+1's predicted top-B: at most
     `prefetch_k`, and only as many as fit in the link's idle time while layer l computes
@@ -68,6 +71,7 @@ import torch
 from numba import njit
 
 from harness.common.errors import HarnessError
+from harness.model.hints import NEXT_GATE, RESIDUAL
 from harness.placement.plan import LayerPlan
 from harness.placement.system import PrepareContext, System
 from systems.dali_assign import assign_layer, finish_time, scale_to_pairs
@@ -75,6 +79,7 @@ from systems.entry import SystemEntry
 from systems.tide_tau import top_b_mask
 
 ASSIGN_LOADS = ("predicted", "exact")
+PREDICTORS = (RESIDUAL, NEXT_GATE)  # the hint channel its prediction reads (harness/model/hints.py)
 
 
 @dataclass
@@ -86,6 +91,7 @@ class DaliConfig:
     prefetch_k: int = 4  # prefetched experts per layer
     horizon: int = 8  # forwards the time-correlation score sums over (docs/dali-and-gem.md: an assumption)
     assign_loads: str = "predicted"  # predicted: from the previous layer's hint (the paper); exact: this forward's
+    predictor: str = "residual"  # the hint channel: residual (the paper, as the harness reads it) | next_gate
     gpu_limit: bool = True  # at most B experts of a layer on the GPU, every copy cached (false: scratch copies)
     overlap: bool = True  # DALI runs the CPU and GPU sides concurrently; false charges them one after the other
 
@@ -115,6 +121,9 @@ class Dali(System):
                 raise HarnessError(f"system.{key} must be a positive integer (got {value!r})")
         if c.assign_loads not in ASSIGN_LOADS:
             raise HarnessError(f"system.assign_loads must be one of {', '.join(ASSIGN_LOADS)} (got {c.assign_loads!r})")
+        if c.predictor not in PREDICTORS:
+            raise HarnessError(f"system.predictor must be one of {', '.join(PREDICTORS)} (got {c.predictor!r})")
+        self.hint_channel = c.predictor
         self.assign, self.prefetch, self.replacement = assign, prefetch, replacement
         self.prefetch_k, self.horizon, self.gpu_limit = prefetch_k, c.horizon, c.gpu_limit
         self.predict_loads = assign and c.assign_loads == "predicted"
@@ -432,8 +441,10 @@ ENTRY = SystemEntry(
     DaliConfig,
     # each of its three parts switched off, other prefetch and horizon settings, exact loads, no memory limit
     invariant_options=({}, {"assign": False}, {"prefetch": False}, {"replacement": False},
-                       {"prefetch_k": 2, "horizon": 1}, {"assign_loads": "exact"}, {"gpu_limit": False}),
+                       {"prefetch_k": 2, "horizon": 1}, {"assign_loads": "exact"}, {"gpu_limit": False},
+                       {"predictor": "next_gate"}),
     measure_horizon=workload_horizon,
+    golden_variants={"+next_gate": ("system.predictor=next_gate",)},
     about="DALI-style workload-aware offloading: greedy GPU/CPU assignment under the memory limit, prefetch, "
           "time-correlation replacement.",
 )

@@ -244,7 +244,20 @@ def command_line_files(tmp: Path) -> dict[str, str]:
     plain = tmp / "plain.txt"
     plain.write_text("a file, not a directory")
     (tmp / "somedir").mkdir(exist_ok=True)
-    return {"binary": str(binary), "truncated": str(truncated), "file": str(plain), "dir": str(tmp / "somedir")}
+    return {"binary": str(binary), "truncated": str(truncated), "file": str(plain), "dir": str(tmp / "somedir"),
+            "next_gate_only": str(next_gate_only_trace(tmp / "older"))}
+
+
+def next_gate_only_trace(folder: Path) -> Path:
+    """A recording from before the residual hint channel (next_gate hints only), with its
+    calibration beside it: dali's default predictor refuses it."""
+    folder.mkdir(exist_ok=True)
+    trace = tiny_trace()
+    rng = np.random.default_rng(0)
+    for s in range(len(trace)):
+        trace.set_step(s, trace.loads[s].numpy(), rng.random((trace.n_layers, trace.n_experts)))
+    trace.save(folder / "calibration.npz")
+    return trace.save(folder / "trace.npz")
 
 
 def _list_result(tmp: Path) -> Path:

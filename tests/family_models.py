@@ -43,7 +43,7 @@ class RecordingRouter:
     calls: list[tuple[int, torch.Tensor, torch.Tensor | None]] = field(default_factory=list)
 
     def route(self, layer: int, load: torch.Tensor, hint_fn) -> None:
-        self.calls.append((layer, load.clone(), hint_fn() if hint_fn is not None else None))
+        self.calls.append((layer, load.clone(), hint_fn("next_gate") if hint_fn is not None else None))
 
 
 def forward_logits(adapter: FamilyAdapter, model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

@@ -73,11 +73,10 @@ def random_trace(gen: torch.Generator, n_layers: int, n_experts: int, heavy: boo
     for info in random_steps(gen, 3):
         trace.add_step(info)
         for layer in range(n_layers):
-            trace.record(
-                layer,
-                random_load(gen, n_experts, heavy),
-                torch.rand(n_experts, generator=gen) if layer + 1 < n_layers else None,
-            )
+            load = random_load(gen, n_experts, heavy)
+            hint = torch.rand(n_experts, generator=gen) if layer + 1 < n_layers else None
+            # both hint channels (the residual one the next_gate one reversed: no extra draws)
+            trace.record(layer, load, None if hint is None else {"next_gate": hint, "residual": hint.flip(0)})
     return trace
 
 
@@ -100,7 +99,7 @@ def drive(
         for layer in range(geo.n_moe_layers):
             load = work.loads[s, layer].long()
             before = eng.layer_resident(layer)
-            hint = work.hint(s, layer) if layer + 1 < geo.n_moe_layers else None
+            hint = work.hint(s, layer, eng.system.hint_channel) if layer + 1 < geo.n_moe_layers else None
             plan = eng.plan_layer(layer, load, hint)
             after = eng.layer_resident(layer)
             routed = load > 0

@@ -4,8 +4,9 @@
 (bf16, cycling over enough distinct experts that the weights stream from memory as a real
 miss does; the fastest of a few calls, then made non-decreasing by `suffix_min`) and, when
 CUDA is present, times the GPU expert at 1..4096 tokens and the HBM bandwidth, fits the
-cost model's GPU roofline through them (`fit_gpu_roofline`), and times pinned
-host->device copies of whole experts on a copy stream. Results go into one JSON file with
+cost model's GPU roofline through them (`fit_gpu_roofline`), times pinned
+host->device copies of whole experts on a copy stream, and measures the grouped-GEMM tile
+(harness/accounting/gemm_tile.py). Results go into one JSON file with
 an entry per expert shape, written atomically; `load_hardware` (below) reads it.
 Takes seconds.
 """
@@ -28,6 +29,7 @@ import torch
 import yaml
 
 from harness.accounting.cost import BYTES_PER_PARAM, HardwareConfig, expert_shape, suffix_min
+from harness.accounting.gemm_tile import measure_tile
 from harness.common.errors import HarnessError
 from harness.common.files import write_json_atomic
 from harness.placement.system import MoEGeometry
@@ -240,6 +242,7 @@ def profile_local(geometry: MoEGeometry, out_path: str | Path, reps: int = 5,
     if torch.cuda.is_available():
         entry.update(_measure_gpu(geometry))
         entry["gpu"]["pcie_pageable_gbps"] = _pageable_gbps()
+        entry["gemm_tile"] = measure_tile(geometry, _events_seconds)  # its tile: None when no staircase shows
     profile["shapes"][expert_shape(geometry)] = entry
     profile.update(
         host=platform.node(), cpu=platform.processor() or platform.machine(), torch=torch.__version__
@@ -292,6 +295,11 @@ def load_hardware(hw: HardwareConfig, geometry: MoEGeometry) -> HardwareConfig:
         updates.update({k: float(v) for k, v in entry["gpu"].items()})
         updates["measured"] = "cpu,gpu,pcie"
         sources.update({k: f"{where} on {entry.get('gpu_name', 'the GPU')}" for k in entry["gpu"]})
+    tile = (entry.get("gemm_tile") or {}).get("tile")
+    if isinstance(tile, int) and not isinstance(tile, bool) and tile >= 1:
+        updates["gpu_gemm_tile"] = tile
+        sources["gpu_gemm_tile"] = (f"{where} on {entry.get('gpu_name', 'the GPU')}: the step of a batched matmul "
+                                    "timed at every token count (harness/accounting/gemm_tile.py)")
     updates["sources"] = sources
     return HardwareConfig(**{**asdict(hw), **updates})  # checked again in __post_init__
 

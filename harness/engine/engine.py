@@ -39,7 +39,7 @@ bits of gpu_only; placement changes only what is charged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -51,7 +51,8 @@ from harness.accounting.cost import CostModel
 from harness.accounting.ledger import Counters, Ledger
 from harness.accounting.topology import SINGLE, Topology, check_system_topology
 from harness.engine.plan_rules import NO_MOVES, Moves, PlanError, PlanRules
-from harness.model.experts import ExpertWeights, HintFn, compute_routed_experts, expert_load
+from harness.model.experts import ExpertWeights, compute_routed_experts, expert_load
+from harness.model.hints import HINT_CHANNELS, HintFn
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
 from harness.placement.system import MoEGeometry, PrepareContext, System
@@ -61,6 +62,7 @@ __all__ = ["OffloadEngine", "PendingLayer", "PlanError"]  # PlanError lives in h
 
 _NO_COPIES: tuple[tuple[int, int], ...] = ()  # a plan that issues no async copy
 _NAN = float("nan")
+Hints = torch.Tensor | Mapping[str, torch.Tensor] | None  # decide's hint: the system's channel's, or every channel's
 _INT64 = np.dtype(np.int64)
 
 
@@ -121,9 +123,12 @@ class OffloadEngine:
         self._n_resident = 0  # experts resident over all layers (kept under a global budget)
         self.cost = cost
         self.trace = trace
-        # a recorded trace carries next-layer hints so that replays of hint-using systems
-        # (prefetching) see what they would have seen live
+        # a recorded trace carries next-layer hints of every channel so that replays of
+        # hint-using systems (prefetching) see what they would have seen live
         self.record_hints = trace is not None
+        # the channels a live layer computes: every one when recording, else the system's own
+        self.hint_channels: tuple[str, ...] = (
+            HINT_CHANNELS if self.record_hints else (system.hint_channel,) if system.wants_hint else ())
         # the residency: per layer a bool mask of the experts on the GPU, and their count;
         # `System.plan` reads its layer's row through a read-only view (made once)
         self._held = np.zeros((self.n_layers, self.n_experts), bool)
@@ -207,22 +212,24 @@ class OffloadEngine:
         return self.ledger.step_series()
 
     # ---- one MoE layer -----------------------------------------------------------------
-    def plan_layer(self, layer: int, load: torch.Tensor | np.ndarray, hint: torch.Tensor | None = None
-                   ) -> LayerPlan:
+    def plan_layer(self, layer: int, load: torch.Tensor | np.ndarray, hint: Hints = None) -> LayerPlan:
         """Decide and account one layer (the replay API): `decide` then `account`."""
         plan, pending = self.decide(layer, load, hint)
         self.account(pending)
         return plan
 
     def decide(
-        self, layer: int, load: torch.Tensor | np.ndarray, hint: torch.Tensor | None = None
+        self, layer: int, load: torch.Tensor | np.ndarray, hint: Hints = None
     ) -> tuple[LayerPlan, PendingLayer]:
         """The first half of a layer: record the trace, ask the system, check its plan and
         move residency. `load`: the layer's tokens per expert, a torch tensor (the live
         router's) or an int64 numpy vector (a replay's). Returns the plan and what `account`
         needs; call `account(pending)` before deciding another layer (or ending the
         forward). `account` reads the load again (a view of `load` when that already is an
-        int64 CPU vector): leave it as it is until then."""
+        int64 CPU vector): leave it as it is until then. `hint`: the next layer's predicted
+        load of the system's channel (a replay's, a test's), or a mapping channel -> load
+        of every channel computed (a live layer's: the trace records them all, the system
+        reads its own)."""
         start = perf_counter()
         if self._step is None:
             raise RuntimeError("plan_layer/decide outside begin_step/end_step")
@@ -239,11 +246,13 @@ class OffloadEngine:
                 load = load.detach().to("cpu", torch.long).flatten()
             loads = load.numpy()  # what systems and rules read: numpy, a view of the load
             loads.flags.writeable = False  # a system reads the load; the ledger records it after the plan
-        if self.trace is not None:
-            self.trace.record(layer, load if type(load) is torch.Tensor else torch.from_numpy(loads.copy()), hint)
         system = self.system
+        hints = hint if hint is None or isinstance(hint, Mapping) else {system.hint_channel: hint}
+        if self.trace is not None:
+            self.trace.record(layer, load if type(load) is torch.Tensor else torch.from_numpy(loads.copy()), hints)
         plan_start = perf_counter()
-        plan = system.plan(layer, loads, hint if system.wants_hint else None, self._views[layer])
+        mine = hints.get(system.hint_channel) if hints is not None and system.wants_hint else None
+        plan = system.plan(layer, loads, mine, self._views[layer])
         plan_s = perf_counter() - plan_start
         # checks read residency as it is before the plan; `_move` then applies the plan
         gpu, missed, moves = self.rules.check(layer, loads, plan, self._held, self._counts)
@@ -281,9 +290,14 @@ class OffloadEngine:
     def route(self, layer: int, load: torch.Tensor, hint_fn: HintFn | None) -> None:
         """A MoE layer's routing from a model whose own code computes the experts (the
         transformers bridge, harness/families/bridge.py): plan, check and charge it. The
-        next layer's hint is computed only when the system or the trace wants it."""
-        wants = self.system.wants_hint or self.record_hints
-        self.plan_layer(layer, load, hint_fn() if (hint_fn is not None and wants) else None)
+        next layer's hints are computed only for the channels the system or the trace wants."""
+        self.plan_layer(layer, load, self.live_hints(hint_fn))
+
+    def live_hints(self, hint_fn: HintFn | None) -> dict[str, torch.Tensor] | None:
+        """A live layer's hints: `hint_fn` called for each channel in `hint_channels`."""
+        if hint_fn is None or not self.hint_channels:
+            return None
+        return {channel: hint_fn(channel) for channel in self.hint_channels}
 
     # ---- apply and charge --------------------------------------------------------------
     def _move(self, layer: int, moves: Moves, elsewhere: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -400,6 +414,6 @@ class OffloadEngine:
             rows = loads[s]
             for layer in range(self.n_layers):
                 wants = self.system.wants_hint and layer + 1 < self.n_layers
-                self.plan_layer(layer, rows[layer], trace.hint(s, layer) if wants else None)
+                self.plan_layer(layer, rows[layer], trace.hint(s, layer, self.system.hint_channel) if wants else None)
             self.end_step()
         return self.summary()

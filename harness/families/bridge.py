@@ -14,9 +14,12 @@ it was loaded. (The eager forward loops over the hit experts in Python: on the p
 cost 1.5-3x the whole stock forward; python -m harness.bench_live measures it.)
 `detach(model)` restores the previous implementation.
 
-hint_fn, when there is a next MoE layer, returns that layer's predicted load [E] (fp32):
-its router's probabilities on this layer's router input, summed over tokens (computed only
-if the router calls it). Encoder and decoder stacks (DiffusionGemma) hint within their stack.
+hint_fn(channel), when there is a next MoE layer, returns that layer's predicted load [E]
+(fp32): its router's probabilities on this layer's router input (`next_gate`), or on that
+input's deviation from the layer's running mean (`residual`; harness/model/hints.py),
+summed over tokens (computed only if the router calls it). Each slot keeps its layer's
+running mean, updated after every call and fresh on attach. Encoder and decoder stacks
+(DiffusionGemma) hint within their stack.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from harness.common.errors import HarnessError
 from harness.families.adapter import FamilyAdapter, MoESite, eager_forward
 from harness.families.geometry import FamilyGeometry
 from harness.families.registry import adapter_for_model_type
+from harness.model.hints import HintFn, RunningMean, channel_hint
 
 IMPLEMENTATION = "harness"
-HintFn = Callable[[], torch.Tensor]
 
 
 class ExpertRouter(Protocol):
@@ -54,12 +57,13 @@ class _Slot:
     next_router: nn.Module | None
     compute: Callable  # the experts implementation the model had before it was attached
     router_input: torch.Tensor | None = None  # this layer's router input, set by a pre-hook
+    running_mean: RunningMean = field(default_factory=RunningMean)  # of the router input (the residual hint's)
 
     def hint_fn(self) -> HintFn | None:
         if self.next_router is None or self.router_input is None:
             return None
-        x, nxt, adapter = self.router_input, self.next_router, self.adapter
-        return lambda: adapter.router_probs(nxt, x).sum(0)
+        x, nxt, adapter, mean = self.router_input, self.next_router, self.adapter, self.running_mean
+        return lambda channel: channel_hint(channel, lambda rows: adapter.router_probs(nxt, rows).sum(0), x, mean)
 
 
 @dataclass
@@ -87,6 +91,8 @@ def harness_experts_forward(
         raise HarnessError(f"MoE layer {slot.layer} routed to expert ids >= {slot.n_experts}; the bridge serves "
                            "unsharded experts only")
     slot.router.route(slot.layer, load, slot.hint_fn())
+    if slot.router_input is not None:  # after the hint: it reads the rows of earlier calls only
+        slot.running_mean.update(slot.router_input)
     slot.router_input = None  # the hint was the router's to take during route; free the tensor
     return compute_experts(slot, self, hidden_states, top_k_index, top_k_weights)
 

@@ -196,9 +196,10 @@ class HybridExecutor:
         idx_host = idx.to(rt.host)
         load = expert_load(idx_host, engine.n_experts)
         groups = group_by_expert(idx_host)
-        wants = engine.system.wants_hint or engine.record_hints
-        hint = hint_fn().to(rt.host) if (hint_fn is not None and wants) else None
-        plan, pending = engine.decide(layer, load, hint)  # the system's plan, checked; residency moved
+        hints = engine.live_hints(hint_fn)
+        if hints is not None:
+            hints = {channel: h.to(rt.host) for channel, h in hints.items()}
+        plan, pending = engine.decide(layer, load, hints)  # the system's plan, checked; residency moved
         rt.note("plan", layer)
         scratch = self._apply_moves(layer, plan)
         buffer = x.new_zeros(idx.numel(), x.shape[1], dtype=row_dtype(x, w))  # fp32 rows for bf16, as the reference

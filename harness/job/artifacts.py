@@ -59,7 +59,8 @@ Stale = Callable[[RoutingTrace], bool]
 
 
 # the code that decides tokens and routing, relative to harness/ (see the module docstring)
-NUMERICS_SOURCES = ("model/llada2.py", "model/experts.py", "model/checkpoint.py", "model/config.py",
+NUMERICS_SOURCES = ("model/llada2.py", "model/experts.py", "model/hints.py", "model/checkpoint.py",
+                    "model/config.py",
                     "model/proxy.py", "decode/decoding.py", "decode/workload.py", "training/proxy_cache.py",
                     # the transformers families: the bridge, their proxies and decode loops
                     "families/bridge.py", "families/adapter.py", "families/proxies.py", "families/loading.py",

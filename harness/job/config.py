@@ -30,6 +30,7 @@ from harness.decode.workload import WorkloadConfig
 from harness.hybrid.backend import check_backend
 from harness.hybrid.repeats import TimingConfig
 from harness.routing.params import RoutingConfig
+from harness.traces.arrival_times import check_arrival_settings
 from harness.tracking.settings import TrackingConfig
 from harness.zoo.entry import ModelConfig, model_names, models_with, nominal_geometry
 from harness.zoo.entry import entries as model_entries
@@ -54,6 +55,23 @@ class CalibrationConfig:
 
 
 @dataclass
+class ServedWorkloadConfig(WorkloadConfig):
+    """The workload and when its requests arrive (harness/traces/arrival_times.py). The
+    arrival settings live here, not in harness/decode/workload.py, because that file is part
+    of the numerics fingerprint of every cached trace (harness/job/artifacts.py) and arrivals
+    change no token or routing."""
+
+    arrivals: str = "static"  # static | poisson | trace (replays only)
+    arrival_rate: float | None = None  # poisson: requests per modeled second
+    arrival_seed: int = 0  # poisson: the generator's seed
+    arrival_trace: str | None = None  # trace: a JSON or CSV list of arrival times in seconds, one per request
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_arrival_settings(self.arrivals, self.arrival_rate, self.arrival_seed, self.arrival_trace)
+
+
+@dataclass
 class TraceConfig:
     path: str | None = None  # replay: a trace.npz; null = the cached trace of this model/workload/decode
     record: bool = False  # live: also save trace.npz (+ calibration.npz) into the run dir
@@ -68,7 +86,7 @@ class HarnessConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     block: int = 32
     decode: DecodeSettings = field(default_factory=DecodeSettings)
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    workload: ServedWorkloadConfig = field(default_factory=ServedWorkloadConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     system: Any = MISSING
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -105,6 +123,9 @@ class HarnessConfig:
         require(w.batch == 1 or self.source == "trace",
                 f"workload.batch={w.batch} serves prompts in lock-step from a recorded trace, but a live run decodes "
                 "one prompt at a time: add source=trace or drop workload.batch")
+        require(w.arrivals == "static" or self.source == "trace",
+                f"workload.arrivals={w.arrivals} serves the requests of a recorded trace as they arrive, but a live "
+                "run decodes one prompt at a time: add source=trace or drop workload.arrivals")
         self._check_trace_options()
         require(
             self.limit_prompts is None or self.limit_prompts > 0,

@@ -15,6 +15,14 @@ The engine sees exactly what it saw live (the same loads, tokens, context and hi
 forward), so a replay gives the same counters and modeled time as the live run; a test
 holds the two together. Replays have no numerics: there is no lossless check and no wall
 clock throughput.
+
+Serving (docs/traces-and-experiments.md, "Serving"): `workload.batch=N` serves the
+requests N at a time in lock-step batches, all at time 0 (harness/traces/serving.py);
+`workload.arrivals=poisson|trace` serves them as they arrive, with up to `workload.batch`
+running and the batch rebuilt every forward (harness/traces/arrivals.py). Arrivals replay
+every system through the engine, forward by forward (the next forward's members depend on
+how long this one took), to the same bits a batch replay charges; what systems learn from
+(the calibration) is batched in lock-step either way.
 """
 
 from __future__ import annotations
@@ -29,15 +37,24 @@ from harness.decode.workload import load_prompts, workload_record
 from harness.job.artifacts import calibration_path, calibration_trace, workload_trace
 from harness.job.config import HarnessConfig
 from harness.job.setup import build_result, setup_run
-from harness.placement.system import MoEGeometry
+from harness.placement.system import MoEGeometry, System
 from harness.placement.trace import RoutingTrace
 from harness.results.run_result import RunIdentity, RunResult
 from harness.routing.named import ANCHOR, anchor_of
 from harness.routing.replayable import generate_with_calibration
+from harness.traces.arrival_times import arrival_times
+from harness.traces.arrivals import Served, arrival_figures, continuous, engine_forward
 from harness.traces.batch_replay import replay_trace
 from harness.traces.holdout import hold_out
 from harness.traces.routing_stats import statistics_with_uniform
-from harness.traces.serving import PER_PROMPT_TOKENS, lacks_request_tokens, lockstep, serving_figures
+from harness.traces.serving import (
+    PER_PROMPT_TOKENS,
+    ServedBatches,
+    lacks_request_tokens,
+    lockstep,
+    prompt_rows,
+    serving_figures,
+)
 from harness.zoo.entry import load_model, nominal_geometry
 
 
@@ -77,13 +94,15 @@ def recorded_steps(trace: RoutingTrace, path: Path, default: int) -> int:
     return min(steps, gen) if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 else steps
 
 
-def require_request_tokens(trace: RoutingTrace, path: Path) -> None:
+def require_request_tokens(trace: RoutingTrace, path: Path, arrivals: bool = False) -> None:
     """Serving a block-diffusion trace needs each request's generated tokens (its time per
     output token), which traces recorded before the serving rule of docs/dali-and-gem.md do not hold."""
     if lacks_request_tokens(trace):
+        asked, fix = ("workload.arrivals", "workload.arrivals=static") if arrivals else \
+            ("workload.batch > 1", "workload.batch=1")
         raise HarnessError(f"trace {path} records no per-request generated tokens (meta {PER_PROMPT_TOKENS}), "
-                           "which workload.batch > 1 needs for a block-diffusion trace's time per output token: "
-                           "record it again (a live run with trace.record=true) or use workload.batch=1")
+                           f"which {asked} needs for a block-diffusion trace's time per output token: "
+                           f"record it again (a live run with trace.record=true) or use {fix}")
 
 
 def explicit_traces(path: Path, needs_calibration: bool, held_out: int = 0
@@ -118,6 +137,16 @@ def hint_stand_in(trace: RoutingTrace, wants_hint: bool) -> str | None:
     if trace.meta.get("hints") == "next_layer_loads":
         return "next_layer_loads"
     return "recorded" if trace.has_hints else "none"
+
+
+def check_hint_channel(trace: RoutingTrace, system: System, path: Path) -> None:
+    """A system that reads a hint channel the trace's recorded hints lack is refused (one
+    line): the trace was recorded before that channel existed. A trace without any hints
+    (an import with hints=none) replays as before: the prediction is empty whatever the channel."""
+    channel = system.hint_channel
+    if system.wants_hint and trace.has_hints and not trace.has_channel(channel):
+        raise HarnessError(f"trace {path} carries no {channel} hints (recorded before that channel existed), which "
+                           f"system={system.name} reads; record the trace again, or set system.predictor=next_gate")
 
 
 def generated_traces(cfg: HarnessConfig, needs_calibration: bool
@@ -157,7 +186,7 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         prompts = load_prompts(cfg.workload, cfg.limit_prompts)
         workload = workload_record(cfg.workload, prompts)
         # serving needs each request's tokens: a cached trace recorded before they were kept is recorded again
-        stale = lacks_request_tokens if cfg.workload.batch > 1 else None
+        stale = lacks_request_tokens if cfg.workload.batch > 1 or cfg.workload.arrivals != "static" else None
         trace, path = workload_trace(cfg, prompts, settings, model, stale)
         calibration = calibration_trace(cfg, settings, model) if setup.needs_calibration else None
         calibration_file = str(calibration_path(cfg, settings)) if calibration is not None else None
@@ -172,17 +201,25 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
         routing["regime"] = {"name": trace.meta.get("regime_name"), **trace.meta["regime"],
                              "seed": trace.meta.get("seed")}
 
-    served = None
-    if cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)
+    arrivals = arrival_times(cfg.workload, len(prompt_rows(trace)))  # None: static batches
+    served: ServedBatches | Served | None = None
+    if arrivals is not None:  # requests join as they arrive (harness/traces/arrivals.py)
+        require_request_tokens(trace, path, arrivals=True)
+    elif cfg.workload.batch > 1:  # lock-step serving: the batch's loads summed (harness/traces/serving.py)
         require_request_tokens(trace, path)
         served = lockstep(trace, cfg.workload.batch)
         trace = served.trace
-        if calibration is not None:  # what a system learns from is batched the same way
-            calibration = lockstep(calibration, cfg.workload.batch).trace
+    if calibration is not None and cfg.workload.batch > 1:  # what a system learns from: batched in lock-step
+        calibration = lockstep(calibration, cfg.workload.batch).trace
+    check_hint_channel(trace, setup.system, path)
     engine = setup.engine()
     engine.prepare(calibration, recorded_steps(trace, path, settings.steps))
     start = time.perf_counter()
-    replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
+    if arrivals is not None:  # the schedule depends on each forward's time: built forward by forward
+        served = continuous(trace, cfg.workload.batch, arrivals, engine_forward(engine))
+        trace, replay_mode = served.trace, "engine"
+    else:
+        replay_mode = replay_trace(engine, trace).mode  # in batch where the system plans in batch
     replay_s = time.perf_counter() - start
     counts = {
         "prompts": meta_count(trace, "prompts", path),
@@ -209,7 +246,8 @@ def run_replay(cfg: HarnessConfig, run_dir: str | Path) -> RunResult:
     result = build_result(cfg, setup, engine, counts, clock, identity, trace)
     result.routing = routing
     if served is not None:
-        result.metrics.update(serving_figures([p["modeled_latency_s"] for p in result.step_series], served.requests))
+        result.metrics.update(arrival_figures(served) if isinstance(served, Served) else
+                              serving_figures([p["modeled_latency_s"] for p in result.step_series], served.requests))
         result.flat_metrics()  # a key reported twice is an error now, before anything is written
     result.workload = workload
     return result  # run_job writes result.json

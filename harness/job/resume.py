@@ -1,7 +1,9 @@
 """`resume=true`: skip a job whose result already exists for the same config.
 
 A job's identity is its config hash: the resolved config without the keys that say where
-or how things are recorded (hydra, tracking, resume, cache_dir, show_text). After every
+or how things are recorded (hydra, tracking, resume, cache_dir, show_text), and without
+the workload's arrival settings where they are at their defaults (static batches), so that
+adding them kept every earlier run's hash (harness/traces/arrival_times.py). After every
 finished job an index file `<cache_dir>/results/<hash>.json` is written atomically,
 pointing at its result.json. A sweep that is run again (which gets a new timestamped
 sweep dir) therefore finds the results of the earlier, interrupted sweep wherever they
@@ -30,6 +32,7 @@ from harness.hybrid.backend import resolve_backend
 from harness.job.artifacts import code_version
 from harness.results.records import compact_line, record_from_result
 from harness.results.run_result import RunResult
+from harness.traces.arrival_times import hashed_workload
 
 if TYPE_CHECKING:
     from harness.job.config import HarnessConfig
@@ -43,6 +46,8 @@ def config_hash(config: Mapping[str, Any], backend: str | None = None) -> str:
     and on a GPU machine, so it is replaced by the backend used (`backend`, e.g. a result's
     own "backend"), or else by the one this machine resolves to."""
     identity = {k: v for k, v in config.items() if k not in HASH_EXCLUDED_KEYS}
+    if isinstance(identity.get("workload"), Mapping):  # arrival settings at their defaults: the hash they had
+        identity["workload"] = hashed_workload(identity["workload"])
     if identity.get("backend") == "auto":
         identity["backend"] = backend or _local_backend()
     return fingerprint(identity)

@@ -19,12 +19,14 @@ bf16 row differently from the reference's per-expert `F.linear` (docs/model-and-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from harness.model.hints import HintFn
 
 
 class ExpertWeights(NamedTuple):
@@ -235,15 +237,16 @@ def gathered_expert_outputs(
     return out.to(row_dtype(x, topk_w)) * topk_w.reshape(-1, 1)
 
 
-HintFn = Callable[[], torch.Tensor]
 
 
 class ExpertEngine(Protocol):
     """What a MoE layer hands its routed experts to.
 
     layer: MoE-layer index (0-based, dense layers not counted).
-    hint_fn: computes the next MoE layer's predicted load [E] (its gate applied to this
-    layer's input); None for the last MoE layer. Engines call it only if they need it.
+    hint_fn: hint_fn(channel) computes the next MoE layer's predicted load [E] on one of
+    the hint channels (harness/model/hints.py: its gate on this layer's input, or on the
+    input's deviation from the layer's running mean); None for the last MoE layer.
+    Engines call it only for the channels they need.
     """
 
     def run_experts(

@@ -29,6 +29,7 @@ from harness.model.experts import (
     sort_by_expert,
     swiglu,
 )
+from harness.model.hints import RunningMean, channel_hint
 
 
 class RMSNorm(nn.Module):
@@ -181,6 +182,7 @@ class MoE(nn.Module):
         self.experts = RoutedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.shared_experts = DenseMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.num_shared_experts)
         self.sum_order = "router"  # LLaDA2Model.set_expert_sum_order
+        self.running_mean = RunningMean()  # of this layer's router input: the residual hint's (reset on attach)
 
     @property
     def expert_weights(self) -> ExpertBank:
@@ -192,14 +194,15 @@ class MoE(nn.Module):
         if self.sum_order == "expert_id":  # else the router's top-k order, as the reference sums
             idx, w = sort_by_expert(idx, w)
 
-        def hint() -> torch.Tensor:  # next layer's gate on this layer's input: predicted loads
+        def hint(channel: str) -> torch.Tensor:  # the next layer's predicted loads (harness/model/hints.py)
             assert next_gate is not None
-            return next_gate.scores(x).sum(0)
+            return channel_hint(channel, lambda rows: next_gate.scores(rows).sum(0), x, self.running_mean)
 
         # the weights stay fp32: a bf16 model weights and sums its experts in fp32, as the reference
         routed = engine.run_experts(
             self.moe_index, x, idx, w, self.expert_weights, hint if next_gate is not None else None
         )
+        self.running_mean.update(x)  # after the hint: it reads the rows of earlier forwards only
         return routed.to(x.dtype) + self.shared_experts(x)
 
 
@@ -245,6 +248,12 @@ class LLaDA2Model(nn.Module):
             raise HarnessError(f"model.expert_sum_order={order!r} is not allowed; use one of {', '.join(SUM_ORDERS)}")
         for moe in self.moe_layers():
             moe.sum_order = order
+
+    def reset_hint_state(self) -> None:
+        """Forget every MoE layer's running mean (harness/model/hints.py): called when the
+        model is attached to an engine, so each run's residual hints start alike."""
+        for moe in self.moe_layers():
+            moe.running_mean.reset()
 
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]

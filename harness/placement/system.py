@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from harness.common.errors import HarnessError
+from harness.model.hints import NEXT_GATE
 from harness.placement.plan import LayerPlan
 from harness.placement.steps import StepInfo
 from harness.placement.trace import RoutingTrace
@@ -138,6 +139,7 @@ class System:
     overlap: bool = False  # CPU experts run concurrently with GPU experts
     max_loads_in_flight: int = 0  # > 0: misses load while resident experts compute (harness/accounting/pipeline.py)
     wants_hint: bool = False  # ask the engine for next-layer predicted loads
+    hint_channel: str = NEXT_GATE  # which of them (harness/model/hints.py HINT_CHANNELS), if it wants one
     needs_calibration: bool = False
     ignores_budget: bool = False  # gpu_only: the engine sizes residency to E, not B
     multi_gpu: bool = False  # expert parallelism: runs only with topology=multi, sets plan.device
@@ -174,7 +176,7 @@ class System:
              resident: np.ndarray) -> LayerPlan:
         """One MoE layer of one forward: `load` is the int64 [E] count of tokens routed to
         each expert (never negative), `hint` the next layer's predicted load (a float [E]
-        tensor, only for systems with `wants_hint`), `resident` the experts this layer
+        tensor of the system's `hint_channel`, only for systems with `wants_hint`), `resident` the experts this layer
         holds now (bool [E], read-only: a view of the engine's residency, which the engine
         changes once the plan is applied; copy it to keep it). Leave `load` as it is."""
         raise NotImplementedError

@@ -4,16 +4,20 @@ A trace is what `System.prepare` learns from (calibration) and what replay runs 
 
 In memory: `steps` (one StepInfo per model forward, with the tokens it ran and the
 context they attended to) and `loads`, an int32 tensor [n_steps, n_moe_layers,
-n_experts] of tokens routed to each expert; optional `hints` (float32, same shape: the
-next MoE layer's gate applied to this layer's hidden state, summed over tokens as
-predicted loads; row l predicts layer l+1; zeros where none was recorded).
+n_experts] of tokens routed to each expert; optional hints per channel (float32, same
+shape, row l predicts layer l+1, zeros where none was recorded; harness/model/hints.py):
+`next_gate`, the next MoE layer's gate applied to this layer's router input, summed over
+tokens as predicted loads; `residual`, the same gate on the input's deviation from the
+layer's running mean (recordings since the residual channel; older recordings, imports and
+generated traces have none).
 
 On disk (`save` / `load`): one compressed `.npz`, written atomically, holding
   schema_version  int        TRACE_SCHEMA (a mismatch is refused with one line)
   geometry        json str   the nominal geometry of the run (MoEGeometry.to_dict: n layers, experts, ...)
   meta            json str   free-form provenance (model, weights, decode settings)
   loads           int32      [S, L, E]
-  hints           float32    [S, L, E] (only if recorded)
+  hints           float32    [S, L, E] the next_gate channel (only if recorded)
+  residual_hints  float32    [S, L, E] the residual channel (only if recorded)
   step_prompt, step_block, step_step, step_global, step_first_block, step_kind,
   step_tokens, step_context  int32 [S]  (step_kind: 0 prefill, 1 denoise, 2 commit, 3 decode)
 """
@@ -24,6 +28,7 @@ import json
 import math
 import zipfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +39,15 @@ import torch
 from harness.common.errors import HarnessError
 from harness.common.files import write_atomic
 from harness.common.paths import require_regular_file
+from harness.model.hints import HINT_CHANNELS, NEXT_GATE, RESIDUAL
 from harness.placement.steps import StepInfo
 
 TRACE_SCHEMA = 1
 KINDS = ("prefill", "denoise", "commit", "decode")  # append only: indices are stored
+CHANNEL_ARRAYS = {NEXT_GATE: "hints", RESIDUAL: "residual_hints"}  # each hint channel's array in the file
+# meta["hints"] of traces whose hints are no model's router but a stand-in predictor (an
+# import's true next-layer loads, a generated trace's): they stand in for every channel
+STAND_IN_HINTS = ("next_layer_loads", "generated")
 
 
 @dataclass
@@ -50,7 +60,8 @@ class RoutingTrace:
     geometry: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     _loads: list[torch.Tensor] = field(default_factory=list, repr=False)
-    _hints: list[torch.Tensor | None] = field(default_factory=list, repr=False)
+    _hints: list[torch.Tensor | None] = field(default_factory=list, repr=False)  # the next_gate channel
+    _residual: list[torch.Tensor | None] = field(default_factory=list, repr=False)  # the residual channel
     _stacked: torch.Tensor | None = field(default=None, repr=False)  # `loads`, until the next change
     # what others derive from the loads and keep with them (TIDE's refresh windows), until the next change
     memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -63,22 +74,37 @@ class RoutingTrace:
         self.n_context.append(n_context)
         self._loads.append(torch.zeros(self.n_layers, self.n_experts, dtype=torch.int32))
         self._hints.append(None)
+        self._residual.append(None)
 
-    def record(self, layer: int, load: torch.Tensor, hint: torch.Tensor | None = None) -> None:
-        """Record one layer's load for the current (last added) step."""
+    def _channel(self, channel: str) -> list[torch.Tensor | None]:
+        if channel == NEXT_GATE:
+            return self._hints
+        if channel == RESIDUAL:
+            return self._residual
+        raise ValueError(f"unknown hint channel {channel!r}; the channels are {', '.join(HINT_CHANNELS)}")
+
+    def record(self, layer: int, load: torch.Tensor,
+               hint: torch.Tensor | Mapping[str, torch.Tensor] | None = None) -> None:
+        """Record one layer's load for the current (last added) step, and its hints: a
+        tensor is the next_gate channel's, a mapping names each channel's."""
         self._stacked = None
         self.memo.clear()
         self._loads[-1][layer] = load.to(torch.int32)
-        if hint is not None:
-            if self._hints[-1] is None:
-                self._hints[-1] = torch.zeros(self.n_layers, self.n_experts, dtype=torch.float32)
-            self._hints[-1][layer] = hint.float()
+        hints = {NEXT_GATE: hint} if isinstance(hint, torch.Tensor) else (hint or {})
+        for channel, value in hints.items():
+            rows = self._channel(channel)
+            if rows[-1] is None:
+                rows[-1] = torch.zeros(self.n_layers, self.n_experts, dtype=torch.float32)
+            rows[-1][layer] = value.float()
 
-    def set_step(self, step: int, loads: np.ndarray, hints: np.ndarray | None = None) -> None:
-        """Set a whole forward's loads [L, E] (and hints) at once (a trace built from another)."""
+    def set_step(self, step: int, loads: np.ndarray, hints: np.ndarray | None = None,
+                 residual: np.ndarray | None = None) -> None:
+        """Set a whole forward's loads [L, E] (and its hints of each channel) at once (a trace built from another)."""
         self._stacked = None
         self._loads[step] = torch.from_numpy(np.ascontiguousarray(loads, dtype=np.int32))
         self._hints[step] = None if hints is None else torch.from_numpy(np.ascontiguousarray(hints, np.float32))
+        self._residual[step] = None if residual is None else torch.from_numpy(np.ascontiguousarray(residual,
+                                                                                                   np.float32))
 
     @property
     def loads(self) -> torch.Tensor:
@@ -90,15 +116,27 @@ class RoutingTrace:
 
     @property
     def has_hints(self) -> bool:
+        """Whether any forward carries next_gate hints (the channel every hint-carrying trace has)."""
         return any(h is not None for h in self._hints)
 
-    def hint(self, step: int, layer: int) -> torch.Tensor | None:
-        h = self._hints[step]
+    def _rows(self, channel: str) -> list[torch.Tensor | None]:
+        """A channel's rows as readers see them: its own, or a stand-in trace's one predictor."""
+        rows = self._channel(channel)
+        if self.meta.get("hints") in STAND_IN_HINTS and not any(h is not None for h in rows):
+            return self._hints
+        return rows
+
+    def has_channel(self, channel: str) -> bool:
+        return any(h is not None for h in self._rows(channel))
+
+    def hint(self, step: int, layer: int, channel: str = NEXT_GATE) -> torch.Tensor | None:
+        h = self._rows(channel)[step]
         return None if h is None else h[layer]
 
-    def step_hints(self, step: int) -> torch.Tensor | None:
-        """A forward's hints [L, E] (row l predicts layer l+1), or None if it recorded none."""
-        return self._hints[step]
+    def step_hints(self, step: int, channel: str = NEXT_GATE) -> torch.Tensor | None:
+        """A forward's hints [L, E] of `channel` (row l predicts layer l+1), or None if it
+        recorded none (a stand-in trace's hints serve every channel: STAND_IN_HINTS)."""
+        return self._rows(channel)[step]
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -130,9 +168,10 @@ class RoutingTrace:
             "step_tokens": np.array(self.n_tokens, dtype=np.int32),
             "step_context": np.array(self.n_context, dtype=np.int32),
         }
-        if self.has_hints:
-            zeros = torch.zeros(self.n_layers, self.n_experts)
-            arrays["hints"] = torch.stack([h if h is not None else zeros for h in self._hints]).numpy()
+        zeros = torch.zeros(self.n_layers, self.n_experts)
+        for channel, key in CHANNEL_ARRAYS.items():
+            if self.has_channel(channel):
+                arrays[key] = torch.stack([h if h is not None else zeros for h in self._channel(channel)]).numpy()
         return write_atomic(path, lambda f: np.savez_compressed(f, **arrays))
 
     @classmethod
@@ -175,12 +214,13 @@ class RoutingTrace:
             raise ValueError(f"step_kind outside 0..{len(KINDS) - 1}")
         geometry = _json_object(data["geometry"], "geometry")
         _check_pairs(loads_np, tokens, geometry.get("num_experts_per_tok"))
-        hints = None
-        if "hints" in data:
-            hints_np = data["hints"]
-            if hints_np.shape != loads_np.shape or hints_np.dtype.kind != "f" or not np.isfinite(hints_np).all():
-                raise ValueError("hints must be finite floats shaped like loads")
-            hints = torch.from_numpy(hints_np.astype(np.float32))
+        channels: dict[str, torch.Tensor] = {}
+        for channel, key in CHANNEL_ARRAYS.items():
+            if key in data:
+                hints_np = data[key]
+                if hints_np.shape != loads_np.shape or hints_np.dtype.kind != "f" or not np.isfinite(hints_np).all():
+                    raise ValueError(f"{key} must be finite floats shaped like loads")
+                channels[channel] = torch.from_numpy(hints_np.astype(np.float32))
         trace = cls(n_layers, n_experts, geometry=geometry, meta=_json_object(data["meta"], "meta"))
         loads = torch.from_numpy(loads_np.astype(np.int32))
         for i in range(n):
@@ -189,8 +229,8 @@ class RoutingTrace:
             trace.add_step(info, int(tokens[i]), int(context[i]))
             trace._loads[-1] = loads[i].clone()
             trace._stacked = None
-            if hints is not None:
-                trace._hints[-1] = hints[i].clone()
+            for channel, hints in channels.items():
+                trace._channel(channel)[-1] = hints[i].clone()
         trace._stacked = loads
         return trace
 
@@ -304,7 +344,10 @@ def derive_no_cache(trace: RoutingTrace) -> RoutingTrace:
     prompt's whole blocks and every committed block have the same hidden states, hence the
     same routing, in every later forward: a no-cache denoising step routes the current
     block (its denoise forward) plus the fixed loads of the prefill and of the commits
-    before it. Hints (sums over tokens) add the same way. The derived trace has one
+    before it. Hints (sums over tokens) add the same way, each channel apart; a residual
+    hint's rows keep the running mean of the forward that computed them (a no-cache decode
+    would see the prefix again, so its means differ: an approximation, docs/dali-and-gem.md).
+    The derived trace has one
     denoise step per recorded one, numbered as a no-cache decode numbers them; its token
     and context counts are the whole window, as a no-cache forward's.
     """
@@ -315,25 +358,30 @@ def derive_no_cache(trace: RoutingTrace) -> RoutingTrace:
         decode_meta["cache"] = "none"
         derived.meta["decode"] = decode_meta
     loads = trace.loads
-    fixed, fixed_hint, fixed_tokens, prompt = None, None, 0, None
+    fixed, fixed_tokens, prompt = None, 0, None
+    fixed_hint: dict[str, torch.Tensor | None] = {}
     global_step = (trace.steps[0].global_step if trace.steps else 0) - 1  # no-cache decodes count denoise steps only
     for i, step in enumerate(trace.steps):
         if step.prompt != prompt:  # a new prompt starts with nothing fixed
-            prompt, fixed, fixed_hint, fixed_tokens = step.prompt, torch.zeros_like(loads[i]), None, 0
-        hint = trace._hints[i]
+            prompt, fixed, fixed_tokens = step.prompt, torch.zeros_like(loads[i]), 0
+            fixed_hint = dict.fromkeys(HINT_CHANNELS)
+        hints = {c: trace._channel(c)[i] for c in HINT_CHANNELS}
         if step.kind in ("prefill", "commit"):
             fixed = fixed + loads[i]
             fixed_tokens += trace.n_tokens[i]
-            if hint is not None:
-                fixed_hint = hint.clone() if fixed_hint is None else fixed_hint + hint
+            for c, hint in hints.items():
+                if hint is not None:
+                    before = fixed_hint[c]
+                    fixed_hint[c] = hint.clone() if before is None else before + hint
             continue
         global_step += 1
         window = fixed_tokens + trace.n_tokens[i]
         derived.add_step(StepInfo(step.prompt, step.block, step.step, global_step, step.is_first_block), window,
                          window)
         derived._loads[-1] = fixed + loads[i]
-        if hint is not None or fixed_hint is not None:
-            parts = [h for h in (fixed_hint, hint) if h is not None]
-            derived._hints[-1] = parts[0] + parts[1] if len(parts) == 2 else parts[0].clone()
+        for c, hint in hints.items():
+            parts = [h for h in (fixed_hint[c], hint) if h is not None]
+            if parts:
+                derived._channel(c)[-1] = parts[0] + parts[1] if len(parts) == 2 else parts[0].clone()
     derived._stacked = None
     return derived

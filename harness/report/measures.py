@@ -22,6 +22,7 @@ SYSTEM_FIGURES = [("cpu_side_share", "CPU side (GPU side with copies)"),
                   ("cpu_busy_share", "CPU busy"), ("expert_hit_rate", "expert hit rate")]
 TRACE_FIGURES = [("prefetch_recall_residual", "residual recall"),
                  ("prefetch_precision_residual", "residual precision"),
+                 ("prefetch_recall_next_gate", "next-gate recall"),
                  ("prefetch_recall_token_count", "token-count recall"),
                  ("cache_hit_rate_workload", "cache hit: workload"), ("cache_hit_rate_lru", "LRU"),
                  ("cache_hit_rate_lfu", "LFU")]

@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.decode.workload import workload_record
 from harness.results.run_result import RunResult, flatten
+from harness.traces.arrival_times import ARRIVAL_DEFAULTS, hashed_workload
 from systems.registry import REGISTRY, SYSTEM_CONFIGS
 
 ROW_KEYS = ["model", "gen_length", "block_length", "budget"]
@@ -123,10 +124,16 @@ def run_settings(result: RunResult) -> dict[str, str]:
     if workload:
         settings["workload"] = f"{workload.get('name')} ({workload.get('digest')}, {workload.get('prompts')} prompts)"
     elif config.get("workload"):
-        settings["workload"] = f"{(config['workload'] or {}).get('name')} ({_digest(config['workload'])})"
+        # (the arrival settings at their defaults left out: a static run is the row it was before they existed)
+        hashed = hashed_workload(config["workload"] or {})
+        settings["workload"] = f"{(config['workload'] or {}).get('name')} ({_digest(hashed)})"
     batch = (config.get("workload") or {}).get("batch")
     if batch is not None:  # lock-step serving: a batch of 16 and one of 64 are different settings
         settings["workload.batch"] = setting_text(batch)
+    for key, default in ARRIVAL_DEFAULTS.items():  # serving with arrivals (docs/traces-and-experiments.md)
+        value = (config.get("workload") or {}).get(key, default)
+        if value != default:
+            settings[f"workload.{key}"] = setting_text(value)
     calibration = config.get("calibration") or {}
     if calibration.get("prompts"):
         settings["calibration"] = _digest(calibration["prompts"])

@@ -29,7 +29,7 @@ from harness.traces.routing_stats import routing_metrics
 
 # MLflow shows these to one decimal (docs/tracking.md); result.json keeps them whole
 ROUNDED_METRICS = ("tokens_per_s", "wall_tokens_per_s", "modeled_tokens_per_s")
-SCHEMA = 7  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
+SCHEMA = 9  # bumped when a field changes: docs/result-schema.md, harness/results/schema.py
 PARAM_MAX_CHARS = 500  # MLflow allows 6000; long values (prompt lists) are in the config.yaml artifact
 STEP_SERIES_KEYS = ("miss_rate", "modeled_latency_s")
 OPTIONAL_IDENTITY = ("backend", "trace", "replay", "trace_derived_from", "calibration", "routing_source",

@@ -35,7 +35,9 @@ PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "result-schema.m
 # landed before it was complete, so its fingerprint took the last of these); 5: versions.cpu_kernels;
 # 7: dali's predicted_layers and horizon, gem_profiling_forwards
 SCHEMA_FINGERPRINTS = {2: "e91c4d853643d06a", 3: "ebc498bae66d43fc", 4: "62c5cef9777989fe", 5: "051f9a55a955f477",
-                       6: "09dafde9ad946ca1", 7: "63b2f33315308034"}  # 7 also: routing_source generated
+                       6: "09dafde9ad946ca1", 7: "63b2f33315308034",  # 7 also: routing_source generated
+                       8: "3873ddece07d27e7",  # 8: serving with arrivals (queue_*, ttft_p*, serving_peak_running)
+                       9: "6ac1663285f4de7f"}  # 9: prefetch_*_next_gate; _residual reads the residual channel
 
 # (heading, dataclass or None, its table, what it describes)
 RECORDS: list[tuple[str, type | None, Mapping[str, f.Entry], str]] = [

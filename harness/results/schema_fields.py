@@ -145,7 +145,7 @@ _ENGINE = "engine (harness/engine/engine.py, ledger.py)"
 _COUNTS = "counts (harness/job/live.py, replay.py)"
 _LOSSLESS = "lossless (harness/decode/lossless.py)"
 _TIMING = "timing"
-_SERVING = "serving (workload.batch > 1; harness/traces/serving.py)"
+_SERVING = "serving (workload.batch > 1 or workload.arrivals; harness/traces/serving.py, arrivals.py)"
 _MEASURED = "timing, measured (harness/hybrid, backend=cuda)"
 
 METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
@@ -192,11 +192,21 @@ METRICS: dict[str, tuple[str, str, str]] = {  # name: (unit, section, meaning)
                                             "its tokens; median over requests"),
     "tpot_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
     "tpot_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
-    "e2e_latency_p50_s": ("s (modeled)", _SERVING, "per-request end-to-end latency (from the start of serving, "
-                                                   "every request waiting at time 0, to its last forward), median"),
+    "e2e_latency_p50_s": ("s (modeled)", _SERVING, "per-request end-to-end latency (from its arrival, time 0 "
+                                                   "with static batches, to the end of its last forward), median"),
     "e2e_latency_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
     "e2e_latency_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
     "e2e_latency_mean_s": ("s (modeled)", _SERVING, "the same, mean over requests"),
+    "queue_p50_s": ("s (modeled)", _SERVING, "workload.arrivals only: per-request queueing delay (arrival to the "
+                                             "start of its first forward), median over requests"),
+    "queue_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
+    "queue_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
+    "ttft_p50_s": ("s (modeled)", _SERVING, "workload.arrivals only: per-request time to first token (arrival to "
+                                            "the end of its first forward that emits a token), median"),
+    "ttft_p90_s": ("s (modeled)", _SERVING, "the same, 90th percentile"),
+    "ttft_p99_s": ("s (modeled)", _SERVING, "the same, 99th percentile"),
+    "serving_peak_running": ("requests", _SERVING, "workload.arrivals only: the most requests one batch forward "
+                                                   "carried (at most workload.batch)"),
     "tpot_s": ("s (modeled)", _SECTION, "autoregressive families only: time per output token (a decode forward)"),
     "routed_tokens": ("tokens", _COUNTS, "tokens routed through the MoE layers over every forward"),
     "lossless": ("0/1", _LOSSLESS, "1 when every generated token equals the gpu_only reference's"),
@@ -286,8 +296,9 @@ METRIC_PATTERNS: dict[str, tuple[str, str, str]] = {  # regular expression: (uni
     rf"expert_hit_rate{_PHASE}": ("fraction", _MEASURES, "routed (layer, expert) pairs resident when the layer "
                                                          "started / routed pairs (each expert once per layer and "
                                                          "forward)"),
-    rf"prefetch_(precision|recall)_(residual|token_count){_PHASE}": (
-        "fraction", _MEASURES, "of top_k experts named for layer l+1 by the residual hint or by earlier token "
+    rf"prefetch_(precision|recall)_(residual|next_gate|token_count){_PHASE}": (
+        "fraction", _MEASURES, "of top_k experts named for layer l+1 by the residual hint (gate on the input minus "
+                               "the layer's running mean), the next_gate hint (gate on the input) or earlier token "
                                "counts: named ones used / named (precision), / used (recall) "
                                "(harness/traces/dali_measures.py)"),
     rf"cache_hit_rate_(workload|lru|lfu){_PHASE}": (

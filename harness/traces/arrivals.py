@@ -1,7 +1,8 @@
 """Serving with request arrivals and continuous batching (docs/traces-and-experiments.md,
 "Serving"): `workload.arrivals=poisson` gives each request of a recorded trace an arrival
 time (a seeded Poisson process of `workload.arrival_rate` requests per modeled second, in
-prompt order), and the server batches at the iteration level as vLLM does:
+prompt order; `workload.arrivals=trace` reads them from a file: harness/traces/arrival_times.py),
+and the server batches at the iteration level as vLLM does:
 
   at each batch forward, the requests that have arrived by the modeled clock join, first
   come first served, while fewer than `workload.batch` are running; the forward carries the
@@ -44,7 +45,7 @@ from harness.traces.serving import (
     summed_hints,
 )
 
-ARRIVALS = ("static", "poisson")
+ARRIVALS = ("static", "poisson", "trace")  # trace: harness/traces/arrival_times.py
 
 
 def check_arrivals(kind: str, rate: float | None) -> None:
@@ -159,7 +160,7 @@ def engine_forward(engine: OffloadEngine) -> Callable[[RoutingTrace, int], float
         rows.flags.writeable = False  # as live: systems read the loads, never change them
         for layer in range(engine.n_layers):
             wants = engine.system.wants_hint and layer + 1 < engine.n_layers
-            engine.plan_layer(layer, rows[layer], merged.hint(s, layer) if wants else None)
+            engine.plan_layer(layer, rows[layer], merged.hint(s, layer, engine.system.hint_channel) if wants else None)
         engine.end_step()
         return float(engine.ledger.step_series()[-1]["modeled_latency_s"])
 

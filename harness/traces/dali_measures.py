@@ -11,8 +11,11 @@ recall = hits / used summed (micro averages over every forward and layer of a ph
 With one token (a decode forward) the layer uses exactly top_k experts, so precision and
 recall coincide; a prefill forward uses many more, so recall is low by construction.
 
-  residual     dali's predictor: the trace's hint for layer l+1 (its gate applied to layer
-               l's hidden state, the residual stream, summed over tokens), heaviest first
+  residual     dali's predictor (its default): the trace's residual hint for layer l+1
+               (its gate applied to layer l's router input minus that layer's running
+               mean, summed over tokens; harness/model/hints.py), heaviest first
+  next_gate    the trace's next_gate hint (the same gate on the router input itself:
+               mixtral_offload's, and dali's with predictor=next_gate), heaviest first
   token_count  the experts with the most tokens routed to layer l+1 in all earlier forwards
                of the run (the history a count-based predictor has); ties, and the first
                forward, to the lower id
@@ -43,6 +46,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from harness.model.hints import HINT_CHANNELS, NEXT_GATE, RESIDUAL
 from harness.placement.trace import RoutingTrace
 from systems.dali import DaliConfig
 
@@ -58,11 +62,11 @@ def kinds_of(trace: RoutingTrace) -> np.ndarray:
     return np.array([s.kind for s in trace.steps], dtype=object)
 
 
-def trace_hints(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray] | None:
-    """(hints float [F, L, E], bool [F]: the forward recorded hints), or None without any."""
-    if not trace.has_hints:
+def trace_hints(trace: RoutingTrace, channel: str = NEXT_GATE) -> tuple[np.ndarray, np.ndarray] | None:
+    """(hints float [F, L, E] of `channel`, bool [F]: the forward recorded them), or None without any."""
+    if not trace.has_channel(channel):
         return None
-    rows = [trace.step_hints(s) for s in range(len(trace))]
+    rows = [trace.step_hints(s, channel) for s in range(len(trace))]
     valid = np.array([h is not None for h in rows])
     zeros = np.zeros((trace.n_layers, trace.n_experts), np.float32)
     return np.stack([zeros if h is None else h.numpy() for h in rows]), valid
@@ -81,18 +85,18 @@ def prediction_counts(named: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, 
     return hits, np.full(used.shape[0], named.shape[1] * named.shape[2]), used.sum(axis=(1, 2))
 
 
-def predictor_counts(loads: np.ndarray, hints: np.ndarray | None, k: int
+def predictor_counts(loads: np.ndarray, hints: np.ndarray | None, k: int, name: str = RESIDUAL
                      ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per predictor, per forward [F]: (hits, named, used) over layers 0..L-2 predicting
-    layers 1..L-1. loads int [F, L, E]; hints float [F, L, E] (row l predicts layer l+1) or
-    None (no residual figures)."""
+    layers 1..L-1. loads int [F, L, E]; hints float [F, L, E] of the channel `name` (row l
+    predicts layer l+1) or None (no figures of that channel)."""
     loads = loads.astype(np.int64)
     used = loads[:, 1:] > 0
     k = min(k, loads.shape[-1])
     history = np.cumsum(loads, axis=0) - loads  # tokens each expert got in the earlier forwards
     out = {"token_count": prediction_counts(top_k_named(history[:, 1:], k), used)}
     if hints is not None:
-        out["residual"] = prediction_counts(top_k_named(hints[:, :-1], k), used)
+        out[name] = prediction_counts(top_k_named(hints[:, :-1], k), used)
     return out
 
 
@@ -174,12 +178,12 @@ def ratio(numerator: int, denominator: int) -> float:
     return numerator / denominator if denominator else float("nan")
 
 
-def prediction_measures(kinds: np.ndarray, loads: np.ndarray, hints: np.ndarray | None, top_k: int
-                        ) -> dict[str, float]:
+def prediction_measures(kinds: np.ndarray, loads: np.ndarray, hints: np.ndarray | None, top_k: int,
+                        channel: str = RESIDUAL) -> dict[str, float]:
     """prefetch_{precision,recall}_<predictor>[_<phase>]; a phase with no layer to predict
-    reports none (without hints: no residual figures)."""
+    reports none (without hints: no figures of their channel)."""
     out: dict[str, float] = {}
-    for name, (hits, named, used) in predictor_counts(loads, hints, top_k).items():
+    for name, (hits, named, used) in predictor_counts(loads, hints, top_k, channel).items():
         for phase, (h, n, u) in by_phase(kinds, (hits, named, used)).items():
             if n:
                 out[_name(f"prefetch_precision_{name}", phase)] = ratio(h, n)
@@ -203,18 +207,17 @@ def cache_measures(kinds: np.ndarray, loads: np.ndarray, capacity: int,
 
 def measures_of_trace(trace: RoutingTrace, capacity: int, top_k: int,
                       horizon: int = DEFAULT_HORIZON) -> dict[str, float]:
-    """Both kinds of measure over a RoutingTrace; the residual predictor over the forwards
-    that recorded hints (a replayed trace may lack them), everything else over every forward."""
+    """Both kinds of measure over a RoutingTrace; each hint channel's predictor over the
+    forwards that recorded it (a replayed trace may lack them: an older recording has no
+    residual channel), everything else over every forward."""
     loads = trace.loads.numpy()
     kinds = kinds_of(trace)
-    recorded = trace_hints(trace)
-    if recorded is not None and recorded[1].all():
-        out = prediction_measures(kinds, loads, recorded[0], top_k)
-    else:
-        out = prediction_measures(kinds, loads, None, top_k)
+    out = prediction_measures(kinds, loads, None, top_k)
+    for channel in HINT_CHANNELS:
+        recorded = trace_hints(trace, channel)
         if recorded is not None:
             hints, valid = recorded
-            residual = prediction_measures(kinds[valid], loads[valid], hints[valid], top_k)
-            out.update({k: v for k, v in residual.items() if "_residual" in k})
+            figures = prediction_measures(kinds[valid], loads[valid], hints[valid], top_k, channel)
+            out.update({k: v for k, v in figures.items() if f"_{channel}" in k})
     out.update(cache_measures(kinds, loads, capacity, horizon))
     return out

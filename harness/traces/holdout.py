@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.common.errors import HarnessError
+from harness.model.hints import RESIDUAL
 from harness.placement.trace import RoutingTrace
 from harness.traces.serving import PER_PROMPT_TOKENS
 
@@ -44,8 +45,9 @@ def subset(trace: RoutingTrace, chosen: list[int], every: list[int], purpose: st
     for g, i in enumerate(rows):
         out.add_step(replace(trace.steps[i], prompt=number[trace.steps[i].prompt], global_step=g), trace.n_tokens[i],
                      trace.n_context[i])
-        hints = trace.step_hints(i)
-        out.set_step(g, loads[i].numpy(), None if hints is None else hints.numpy())
+        hints, residual = trace.step_hints(i), trace.step_hints(i, RESIDUAL)
+        out.set_step(g, loads[i].numpy(), None if hints is None else hints.numpy(),
+                     None if residual is None else residual.numpy())
     return out
 
 

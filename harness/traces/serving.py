@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.common.errors import HarnessError
+from harness.model.hints import NEXT_GATE, RESIDUAL
 from harness.placement.steps import STEP_KINDS, StepInfo
 from harness.placement.trace import RoutingTrace
 
@@ -135,7 +136,8 @@ def lockstep(trace: RoutingTrace, batch: int) -> ServedBatches:
             base = trace.steps[named_member(trace, rows)]
             merged.add_step(StepInfo(b, base.block, base.step, len(merged), base.is_first_block, base.kind),
                             sum(trace.n_tokens[r] for r in rows), sum(trace.n_context[r] for r in rows))
-            merged.set_step(len(merged) - 1, loads[rows].sum(0), summed_hints(trace, rows))
+            merged.set_step(len(merged) - 1, loads[rows].sum(0), summed_hints(trace, rows),
+                            summed_hints(trace, rows, RESIDUAL))
     batches = [requests[first:first + batch] for first in range(0, len(prompts), batch)]
     return ServedBatches(merged, batches)
 
@@ -150,8 +152,10 @@ def named_member(trace: RoutingTrace, rows: list[int]) -> int:
     return rows[0]
 
 
-def summed_hints(trace: RoutingTrace, rows: list[int]) -> np.ndarray | None:
-    hints = [trace.step_hints(r) for r in rows]
+def summed_hints(trace: RoutingTrace, rows: list[int], channel: str = NEXT_GATE) -> np.ndarray | None:
+    """The rows' hints of `channel`, summed (a residual hint keeps each request's own running
+    mean: a batched live run's would differ, docs/dali-and-gem.md)."""
+    hints = [trace.step_hints(r, channel) for r in rows]
     if all(h is None for h in hints):
         return None
     return sum(h.numpy() for h in hints if h is not None)

@@ -74,6 +74,7 @@ def engine_on_layers(model: LLaDA2Model, engine: Runner) -> Iterator[Runner]:
     runner = wrap(model, engine)
     previous = model.engine
     model.engine = runner
+    model.reset_hint_state()  # each run's residual hints start from empty running means
     try:
         yield runner
     finally:

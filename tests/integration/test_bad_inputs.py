@@ -225,6 +225,8 @@ SUBPROCESS = {
     "harness malformed override": ("harness", ["model=tiny", "decode.gen_length=[1,2"], "decode.gen_length"),
     "harness binary prompts file": ("harness", [*TINY, "workload=jsonl", "workload.path={binary}"], "UTF-8"),
     "analyze truncated trace": ("harness.analyze", ["trace={truncated}"], "corrupt"),
+    "harness dali over a next_gate-only trace": ("harness", [*TINY, "source=trace", "trace.path={next_gate_only}",
+                                                             "system=dali"], "system.predictor=next_gate"),
     "bench steps=abc": ("harness.bench", ["steps=abc"], "steps"),
     "report --out a file": ("harness.report", ["--out", "{file}"], "--out"),
     "push --uri garbage": ("harness.tracking", ["push", "{dir}", "--uri", "foo://x"], "--uri"),

@@ -19,6 +19,7 @@ COUNTERS = ("routed_pairs", "missed_pairs", "cpu_expert_tokens", "copies_sync", 
 LIVE_SYSTEMS = {
     "gpu_only": [], "fiddler": [], "mixtral_offload": [], "mixtral_offload+prefetch": ["system.prefetch=true"],
     "tide": [], "tide+async": ["system.migration=async", "system.tau=2"], "oracle": [],
+    "dali": [], "dali+next_gate": ["system.predictor=next_gate"],  # each reads its own recorded hint channel
 }
 
 

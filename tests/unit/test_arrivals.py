@@ -94,7 +94,7 @@ def test_a_seeded_poisson_schedule_is_reproducible() -> None:
     ("poisson", None, "needs workload.arrival_rate"),
     ("poisson", -1.0, "must be a positive number"),
     ("poisson", 0, "must be a positive number"),
-    ("bursty", 1.0, "is not one of static, poisson"),
+    ("bursty", 1.0, "is not one of static, poisson, trace"),
 ])
 def test_bad_arrivals_are_one_line_errors(kind: str, rate: float | None, message: str) -> None:
     with pytest.raises(HarnessError, match=message) as info:

@@ -12,7 +12,7 @@ from harness.accounting.topology import TopologyConfig
 from harness.cli.overrides import compose_checked, compose_raw, override_variants, precheck
 from harness.common.errors import HarnessError
 from harness.decode.decoding import DecodeSettings
-from harness.job.config import HarnessConfig, ModelConfig, WorkloadConfig, register_configs
+from harness.job.config import HarnessConfig, ModelConfig, ServedWorkloadConfig, register_configs
 from harness.job.mlflow_log import TrackingConfig
 from systems.registry import SYSTEM_CONFIGS
 
@@ -22,7 +22,7 @@ register_configs()
 def test_the_composed_config_is_typed_all_the_way_down() -> None:
     cfg = compose_checked(["model=tiny", "system=mixtral_offload", "system.prefetch=true"])
     assert isinstance(cfg, HarnessConfig)
-    parts = {"model": ModelConfig, "decode": DecodeSettings, "workload": WorkloadConfig, "budget": BudgetConfig,
+    parts = {"model": ModelConfig, "decode": DecodeSettings, "workload": ServedWorkloadConfig, "budget": BudgetConfig,
              "hardware": HardwareConfig, "topology": TopologyConfig, "tracking": TrackingConfig}
     assert {k: type(getattr(cfg, k)) for k in parts} == parts
     assert type(cfg.system) is SYSTEM_CONFIGS["mixtral_offload"] and cfg.system.prefetch is True

@@ -166,14 +166,27 @@ def test_an_unknown_rule_is_refused() -> None:
         replay_cache(SEQUENCE, 2, "fifo")
 
 
-def test_measures_of_a_trace_use_its_hints_and_kinds() -> None:
+@pytest.mark.parametrize("channels", [("next_gate",), ("next_gate", "residual")])
+def test_measures_of_a_trace_use_its_hints_and_kinds(channels: tuple[str, ...]) -> None:
+    """Each hint channel the trace carries gets its figures; an older recording (next_gate
+    only) gets no residual ones. The residual channel here is the next_gate one rolled by one expert."""
     trace = RoutingTrace(3, 4)
     for f, kind in enumerate(("prefill", "decode")):
         trace.add_step(StepInfo(0, 0, f, f, True, kind), 3, 3)
         for layer in range(3):
-            trace.record(layer, torch.from_numpy(LOADS[f, layer]), torch.from_numpy(HINTS[f, layer]))
+            hint = torch.from_numpy(HINTS[f, layer])
+            trace.record(layer, torch.from_numpy(LOADS[f, layer]),
+                         {c: hint if c == "next_gate" else hint.roll(1) for c in channels})
     got = measures_of_trace(trace, capacity=2, top_k=2)
-    assert got["prefetch_recall_residual"] == 5 / 9 and got["prefetch_recall_token_count"] == 4 / 9
+    assert got["prefetch_recall_next_gate"] == 5 / 9 and got["prefetch_recall_token_count"] == 4 / 9
+    if "residual" in channels:
+        expected = prediction_measures(KINDS, LOADS, np.roll(HINTS, 1, axis=-1), 2)
+        assert expected["prefetch_recall_residual"] == 3 / 9  # by hand: 1 + 0 + 1 + 1 hits
+        assert got["prefetch_recall_residual"] == expected["prefetch_recall_residual"]
+        assert got["prefetch_precision_residual"] == expected["prefetch_precision_residual"]
+        assert got["prefetch_recall_residual"] != got["prefetch_recall_next_gate"]
+    else:
+        assert not any("residual" in k for k in got)
     assert set(got) >= {"cache_hit_rate_workload", "cache_hit_rate_lru_decode", "cache_hit_rate_lfu_prefill"}
 
 

@@ -212,6 +212,8 @@ SYSTEM_OPTIONS = [
     ("tide", {"tau": 2}),
     ("tide", {"tau": "auto", "migration": "async"}),
     ("oracle", {}),
+    ("dali", {}),
+    ("dali", {"predictor": "next_gate"}),
 ]
 
 
@@ -228,7 +230,9 @@ def _live(
             x = torch.randn(5, 16, generator=torch.Generator().manual_seed(100 * s + layer))
             idx, w = _routing(5, 100 * s + layer)
             last = layer + 1 == GEOMETRY.n_moe_layers
-            hint_fn = None if last else (lambda s=s, layer=layer: torch.arange(E).float().roll(s + layer))
+            # the two channels differ (residual rolled one further), so a system reading the wrong one shows
+            hint_fn = None if last else (
+                lambda channel, s=s, layer=layer: torch.arange(E).float().roll(s + layer + (channel == "residual")))
             out = engine.run_experts(layer, x, idx, w, experts, hint_fn)
             outputs.append(
                 (

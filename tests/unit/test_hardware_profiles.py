@@ -4,21 +4,23 @@ result.json lists the estimated ones, and `python -m harness.profile` measures t
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from omegaconf import OmegaConf
 
-from harness.accounting.cost import SOURCE_KINDS, SOURCED_CONSTANTS, CostModel, HardwareConfig
+from harness.accounting.cost import SOURCE_KINDS, SOURCED_CONSTANTS, CostModel, HardwareConfig, expert_shape
 from harness.accounting.profiling import load_hardware
 from harness.cli.overrides import compose_checked
 from harness.common.errors import HarnessError
 from harness.job.config import register_configs
 from harness.job.live import run_job
 from harness.profile import main as profile_main
-from harness.profile import tile_tokens
+from harness.profile import tile_record, tile_tokens
 from harness.results.run_result import RunResult
 from harness.zoo.entry import nominal_geometry
 from tests.conftest import REPO
@@ -92,6 +94,28 @@ def test_the_profile_holds_a_measured_cpu_table_with_its_source(measured):
     details = yaml.safe_load(Path(f"{out}.json").read_text())  # JSON is YAML
     assert details["dense_check"]["tokens"] == [n for n in range(1, 13) if n not in (1, 2, 4, 8)]
     assert details["host_memory_gbps"] > 0
+    if not torch.cuda.is_available():  # the tile needs a GPU: not measured, the default kept, and said
+        assert details["gemm_tile"]["measured"] is False and details["gemm_tile"]["tile"] == hw.gpu_gemm_tile == 64
+        assert "cannot be measured" in details["gemm_tile"]["note"]
+        assert "gpu_gemm_tile" not in hw.sources
+
+
+@pytest.mark.parametrize(("tile", "charged"), [(32, 32), (None, 64)])
+def test_a_measured_tile_is_what_the_profile_charges(tile, charged, tmp_path):
+    """A GPU profile's entry (hand-made: no GPU here) with a batched-matmul sweep: its
+    detected tile becomes hardware.gpu_gemm_tile, with its source; no staircase keeps 64."""
+    geometry = nominal_geometry(compose_checked(["model=tiny"]).model)
+    sweep = {"tokens": [256, 257], "seconds": [1e-5, 1e-5], "tile": tile, "groups": 8, "shape": "bmm"}
+    entry = {"cpu_table_tokens": [1, 2], "cpu_table_seconds": [1e-4, 2e-4], "command": "python -m harness.profile",
+             "gpu": None, "gemm_tile": sweep, "gpu_name": "a GPU"}
+    table = tmp_path / "local.json"
+    table.write_text(json.dumps({"version": 1, "host": "box", "shapes": {expert_shape(geometry): entry}}))
+    hw = load_hardware(HardwareConfig(profile_path=str(table)), geometry)
+    assert hw.gpu_gemm_tile == charged
+    assert ("gpu_gemm_tile" in hw.sources) == (tile is not None)
+    record = tile_record(entry, hw.gpu_gemm_tile)
+    assert record["measured"] == (tile is not None) and record["tile"] == charged
+    assert ("show no staircase" in record["note"]) == (tile is None)
 
 
 def test_a_run_accepts_the_profile_by_path_and_as_hardware_local(measured, proxy_cache, tiny_dir, tmp_path):

@@ -64,6 +64,7 @@ ONE_SETTING = {
     "limit_prompts": _set("config.limit_prompts", 1),  # the workload's digest differs too: one prompt
     "decode.steps": _set("config.decode.steps", 16),
     "workload.batch": _set("config.workload.batch", 16),  # lock-step serving: batch 16 is not batch 64
+    "workload.arrivals": _set("config.workload.arrivals", "poisson"),  # arrivals, not static batches
     "calibration": _set("config.calibration", {"prompts": [], "from_workload": 4}),
     "decode.gen_length_bucket": _set("config.decode.gen_length_bucket", 32),
     "decode.temperature": _set("config.decode.temperature", 1.0),  # table1 vs table1_greedy
@@ -120,6 +121,17 @@ def test_same_settings_keep_the_newer_run_and_name_the_older(tmp_path: Path, cap
     with open(out / "report.csv") as f:
         (row,) = list(csv.DictReader(f))
     assert float(row["tide.tokens_per_s"]) == 150.0 and float(row["tide.speedup"]) == 3.0
+
+
+def test_a_static_run_from_before_the_arrival_settings_is_the_same_row(tmp_path: Path) -> None:
+    """A result written before workload.arrivals existed lacks the keys a static run of today
+    holds at their defaults: the same settings, one row (the newer); a rate is a column."""
+    today, poisson = base_result(tokens_per_s=150.0), base_result(tokens_per_s=300.0)
+    today["config"]["workload"].update(arrivals="static", arrival_rate=None, arrival_seed=0, arrival_trace=None)
+    poisson["config"]["workload"].update(arrivals="poisson", arrival_rate=4.0, arrival_seed=0, arrival_trace=None)
+    wide = report.paper_table(report.records_from_dirs([write_runs(tmp_path, [base_result(), today, poisson])]))
+    assert len(wide) == 2 and {"workload.arrivals", "workload.arrival_rate"} <= set(wide.index.names)
+    assert sorted(wide[("tide", "tokens_per_s")].tolist()) == [150.0, 300.0]
 
 
 def test_system_options_label_the_column_not_the_row(tmp_path: Path) -> None:
