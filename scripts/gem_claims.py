@@ -1,8 +1,8 @@
 """The GEM table of docs/results/<date>-gem.md from a finished `+experiment=gem` sweep: per
 model, batch size, GPU count and variability, ep_linear's and gem's modeled end-to-end latency
 and p90 time per output token, gem's improvement on each, and the paper's claims beside the
-harness's figures (mean and largest improvement, by variability and by GPU count, GEM's
-profiling cost).
+harness's figures (mean and largest improvement, by variability and by GPU count, gem's gain
+on its own profiling window, GEM's profiling cost).
 
     PYTHONPATH=. python scripts/gem_claims.py outputs/multirun/<sweep>
 """
@@ -75,6 +75,17 @@ def main(sweep: Path) -> None:
         print(summary([r for r in rows if r["key"][2] == gpus], f"{gpus} GPUs"))
     for model in sorted({r["key"][0] for r in rows}):
         print(summary([r for r in rows if r["key"][0] == model], model))
+    print("\n| model | GPUs | gem's gain over ep_linear on its own profiling window (min - max over cells) | "
+          "profiling forwards |")
+    print("|---|---|---|---|")
+    for model, gpus in sorted({(r["key"][0], r["key"][2]) for r in rows}):
+        window = [r["gem"]["calibration_gain"] for r in rows if r["key"][0] == model and r["key"][2] == gpus
+                  and "calibration_gain" in r["gem"]]
+        forwards = sorted({int(r["gem"].get("gem_profiling_forwards", 0)) for r in rows
+                           if r["key"][0] == model and r["key"][2] == gpus})
+        if window:
+            print(f"| {model} | {gpus} | {pct(min(window))} - {pct(max(window))} | "
+                  f"{', '.join(map(str, forwards))} |")
     profiled = [r["gem"] for r in rows if "gem_profile_samples" in r["gem"]]
     if profiled:
         g = profiled[0]

@@ -107,11 +107,12 @@ def slug(name: str) -> str:
 
 def margin_label(speeds: dict[str, float], roles: Roles) -> str:
     """The tornado's x label: the margin is the fastest non-baseline contender over the
-    fastest baseline, so it names both sides (not the 1x winner, which may be a baseline)."""
+    fastest baseline, so it names both sides (not the 1x winner, which may be a baseline); the
+    unit on a line of its own, so the label fits the figure's width."""
     contenders = roles.contenders(speeds)
     ours = [s for s in contenders if s not in roles.baselines]
     theirs = [s for s in contenders if s in roles.baselines]
-    return (f"margin: best of {', '.join(ours) or '-'} over best of {', '.join(theirs) or '-'} "
+    return (f"margin: best of {', '.join(ours) or '-'} over best of {', '.join(theirs) or '-'}\n"
             "(tokens/s ratio, modeled)")
 
 

@@ -100,6 +100,15 @@ def test_the_dali_experiment_runs_dali_and_each_part_switched_off():
         assert (system.name, off) == ("dali", {part})
 
 
+@pytest.mark.parametrize("name", ["dali", "gem"])
+def test_the_dali_and_gem_experiments_pin_proxies_that_do_not_loop(name):
+    """Their proxies are seeded so that greedy decodes do not loop (docs/dali-and-gem.md#greedy-decode-loops);
+    a command-line seed still wins."""
+    for model in ("qwen3_moe", "mixtral"):
+        assert compose_checked([f"+experiment={name}", f"model={model}"]).model.proxy_seed == 6
+    assert compose_checked([f"+experiment={name}", "model.proxy_seed=0"]).model.proxy_seed == 0
+
+
 def test_random_tau_is_seeded_and_within_range():
     def taus(seed: int) -> list[int]:
         from harness.placement.steps import StepInfo

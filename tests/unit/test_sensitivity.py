@@ -297,6 +297,6 @@ def test_the_tornado_label_names_the_contenders_measured_not_the_winner():
     # fiddler (a baseline) is the 1x winner; the margin is still tide's side over the baselines
     speeds = {"gpu_only": 9.0, "fiddler": 5.0, "mixtral_offload": 2.0, "tide": 4.0, "tide_sequential": 3.0}
     label = margin_label(speeds, Roles())
-    assert label == ("margin: best of tide, tide_sequential over best of fiddler, mixtral_offload "
+    assert label == ("margin: best of tide, tide_sequential over best of fiddler, mixtral_offload\n"
                      "(tokens/s ratio, modeled)")
     assert Roles().winner(speeds) == "fiddler"
