@@ -111,6 +111,8 @@ def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed
         knobs = {k: v for k, v in point.items() if k != "anchor"}
         if "anchor" not in point:  # the locality axis is the neighbour's reuse (a fitted period 2 kept at the anchor)
             knobs["period"] = 1.0
+            # and the shared axis is the calibration's too (the anchor keeps its fitted calibration_shared)
+            knobs["calibration_shared"] = None
         regime = RegimeFile(replace(fitted.regime, **knobs), fitted.shape, {}, f"{family}_grid")
         any_cfg = next(iter(cfgs.values()))
         sizes = SIZES[_mode(family)]

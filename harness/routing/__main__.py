@@ -2,7 +2,7 @@
 
   fit       trace=<trace.npz> out=<regime.yaml> [name=] [seed=0] [recorded_by=<command>]: the
             knobs whose generated traces match the trace's statistics, with its shape, into a
-            regime file
+            regime file (with a calibration.npz beside the trace, also calibration_shared)
   generate  regime=<regime.yaml | conf/routing name> model=<name> [config=<config.json>]
             out=<trace.npz> [seed=0] [calibration=2] [requests=] [prompt=] [gen=]: a trace for
             any model's geometry; `calibration` more requests go to calibration.npz beside it
@@ -72,7 +72,9 @@ def main(argv: list[str]) -> int:
     if verb == "fit":
         trace = RoutingTrace.load(args["trace"])
         out = Path(args["out"])
-        regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed)
+        beside = Path(args["trace"]).parent / "calibration.npz"
+        calibration = RoutingTrace.load(beside) if beside.is_file() else None
+        regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed, calibration)
         if args.get("recorded_by"):
             regime.fitted_from = {"trace": regime.fitted_from["trace"], "recorded_by": args["recorded_by"],
                                   **{k: v for k, v in regime.fitted_from.items() if k != "trace"}}

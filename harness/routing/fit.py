@@ -17,6 +17,7 @@ import numpy as np
 
 from harness.common.errors import HarnessError
 from harness.placement.trace import RoutingTrace
+from harness.routing.calibration_fit import fit_calibration, trace_calibration_overlap
 from harness.routing.generate import Dims, generate, simulate
 from harness.routing.moments import moments, period_of, shape_of, trace_lag_profile, trace_moments
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
@@ -141,9 +142,15 @@ def _num(v: float) -> float | None:
     return None if v is None or math.isnan(v) else round(float(v), 5)
 
 
-def fit_file(trace: RoutingTrace, name: str, source: str, seed: int = 0) -> RegimeFile:
-    """A regime file: the fitted knobs, the trace's shape and where the fit came from."""
+def fit_file(trace: RoutingTrace, name: str, source: str, seed: int = 0,
+             calibration: RoutingTrace | None = None) -> RegimeFile:
+    """A regime file: the fitted knobs, the trace's shape and where the fit came from; with the
+    calibration recorded beside the trace, also `calibration_shared` (harness/routing/calibration_fit.py)."""
     regime, record = fit(trace, seed)
+    if calibration is not None:
+        target = trace_calibration_overlap(trace, calibration)
+        regime, record["statistics"]["calibration_shared"] = fit_calibration(
+            regime, shape_of(trace), Dims.of_trace(trace), target, seed)
     meta = trace.meta
     return RegimeFile(regime, shape_of(trace), {
         "trace": source, "model": meta.get("model"), "routing": meta.get("routing", "recorded"),

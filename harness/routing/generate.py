@@ -70,7 +70,7 @@ def zipf(n: int, s: float) -> np.ndarray:
 class Router:
     """The per-request popularity, the cross-layer maps and the seeded draws of one trace."""
 
-    def __init__(self, regime: RoutingRegime, dims: Dims, n_requests: int, seed: int) -> None:
+    def __init__(self, regime: RoutingRegime, dims: Dims, n_requests: int, seed: int, calibration: int = 0) -> None:
         self.regime, self.dims = regime, dims
         self.rng = np.random.default_rng(seed)
         L, E = dims.n_layers, dims.n_experts
@@ -78,9 +78,16 @@ class Router:
         own = self._ranks((n_requests, L, E))
         self.maps = self._ranks((L, E))  # layer l's expert e -> layer l+1's maps[l, e]
 
+        workload = n_requests - calibration
+        shares = {regime.shared_of(r, workload) for r in range(n_requests)}
+
         def popularity(s: float) -> np.ndarray:
             w = zipf(E, s)
-            p = regime.shared * w[glob][None] + (1 - regime.shared) * w[own]
+            if len(shares) == 1:  # one share for every request (the calibration's unset or equal)
+                p = regime.shared * w[glob][None] + (1 - regime.shared) * w[own]
+            else:  # the last `calibration` requests at calibration_shared
+                share = np.array([regime.shared_of(r, workload) for r in range(n_requests)])[:, None, None]
+                p = share * w[glob][None] + (1 - share) * w[own]
             return np.log(p).astype(np.float32)
 
         self.decode_logp = popularity(regime.skew)
@@ -164,9 +171,10 @@ class Simulated:
         self.expected.append(np.exp(logp) * (len(ids) * dims.top_k))
 
 
-def simulate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0) -> Simulated:
-    """The forwards of every request in order, each with its loads (module docstring)."""
-    router = Router(regime, dims, shape.requests, seed)
+def simulate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0, calibration: int = 0) -> Simulated:
+    """The forwards of every request in order, each with its loads (module docstring); the
+    last `calibration` requests at the regime's `calibration_shared`."""
+    router = Router(regime, dims, shape.requests, seed, calibration)
     sim = Simulated()
     if shape.mode == "ar":
         _autoregressive(router, shape, sim)
@@ -236,10 +244,11 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
             encoded += lb
 
 
-def generate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0, name: str = "") -> RoutingTrace:
+def generate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0, name: str = "",
+             calibration: int = 0) -> RoutingTrace:
     """The trace of `simulate`, with hints, geometry and the meta a replay reads; its meta
     says `routing: generated` and holds the regime (name and knobs) and the seed."""
-    sim = simulate(regime, shape, dims, seed)
+    sim = simulate(regime, shape, dims, seed, calibration)
     loads = np.stack(sim.loads)
     expected = np.stack(sim.expected).astype(np.float32)
     hints = np.zeros(loads.shape, dtype=np.float32)

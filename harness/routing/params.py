@@ -30,8 +30,9 @@ CACHES = ("prefix", "none")
 MAX_LAG = 4  # the furthest earlier token/step a reuse may come from
 RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "decay": (0.0, 0.95),
           "affinity": (0.0, 0.99), "cohesion": (0.0, 0.99), "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
-          "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0)}
+          "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0)}
 WHOLE = ("period",)  # knobs that take whole numbers only
+OPTIONAL = ("calibration_shared",)  # knobs that may be unset (None): left out of as_dict
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class RoutingRegime:
                   popularity (1: a perfect predictor; what DALI's prefetch reads).
     gate_concentration  Dirichlet concentration of the top-k gate weights of `route_ids`
                   (recorded with ids, never replayed: the cost model charges token counts).
+    calibration_shared  `shared` of the calibration requests (the ones held out for the
+                  systems that learn, harness/routing/replayable.py): how much of the
+                  workload's common popularity a calibration set shares (a model's calibration
+                  prompts are not the workload's problems). Unset (None): `shared`, as before
+                  the knob existed; `fit` reads it off the calibration recorded beside a trace.
     """
 
     skew: float = 1.0
@@ -85,10 +91,13 @@ class RoutingRegime:
     hint_quality: float = 0.5
     gate_concentration: float = 1.0
     period: float = 1.0
+    calibration_shared: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name in OPTIONAL:
+                continue
             low, high = RANGES[f.name]
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) \
                     or not low <= value <= high:
@@ -99,7 +108,11 @@ class RoutingRegime:
                                    "(docs/routing-regimes.md)")
 
     def as_dict(self) -> dict[str, float]:
-        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+        return {f.name: float(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def shared_of(self, request: int, workload: int) -> float:
+        """`shared` of request `request` (the calibration requests come after the `workload` ones)."""
+        return self.shared if request < workload or self.calibration_shared is None else self.calibration_shared
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "regime") -> RoutingRegime:

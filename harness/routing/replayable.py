@@ -60,7 +60,7 @@ def generate_with_calibration(regime: RegimeFile, model: str, config: str | None
     """(the workload trace, its calibration: the last `calibration` requests, held out)."""
     dims = dims or Dims.of_model(model, config)
     shape = with_calibration(shape_for(regime, model, requests, prompt, gen, block, cache), calibration)
-    trace = generate(regime.regime, shape, dims, seed, regime.name)
+    trace = generate(regime.regime, shape, dims, seed, regime.name, max(0, calibration))
     if config is not None:
         trace.meta["config"] = str(Path(config).resolve())
     if calibration <= 0:
