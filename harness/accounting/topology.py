@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 TOPOLOGIES = ("single", "multi")
 MAX_GPUS = 256  # the published models' experts per layer: more GPUs would own none
+# spreads placed against the variation measured among same-SKU GPUs (docs/dali-and-gem.md#gem)
 VARIABILITY_SPREAD = {"none": 0.0, "low": 0.05, "medium": 0.15, "high": 0.30}
 
 
