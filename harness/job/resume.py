@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,16 +45,32 @@ HASH_EXCLUDED_KEYS = ("hydra", "tracking", "resume", "cache_dir", "show_text", "
 RESUMED_FILE = "resumed.json"
 
 
+def _hashed_workload(workload: Any) -> Any:
+    return hashed_workload(workload) if isinstance(workload, Mapping) else workload
+
+
+def _hashed_routing(routing: Any) -> Any:
+    """The default routing (`recorded`) reads no other field of its group: no identity at all."""
+    return None if isinstance(routing, Mapping) and routing.get("name") == RECORDED else routing
+
+
+# Config groups that gained settings after results existed, as the hash sees them: at their
+# defaults the new settings leave the identity (None: the whole group), so earlier results
+# keep their hashes (module docstring).
+LATER_SETTINGS: dict[str, Callable[[Any], Any]] = {"workload": _hashed_workload, "routing": _hashed_routing}
+
+
 def config_hash(config: Mapping[str, Any], backend: str | None = None) -> str:
     """Hash of what determines a result. `backend=auto` means different runs on a CPU-only
     and on a GPU machine, so it is replaced by the backend used (`backend`, e.g. a result's
     own "backend"), or else by the one this machine resolves to."""
     identity = {k: v for k, v in config.items() if k not in HASH_EXCLUDED_KEYS}
-    if isinstance(identity.get("workload"), Mapping):  # arrival settings at their defaults: the hash they had
-        identity["workload"] = hashed_workload(identity["workload"])
-    routing = identity.get("routing")
-    if routing is None or (isinstance(routing, Mapping) and routing.get("name") == RECORDED):
-        identity.pop("routing", None)  # the default routing: no other field of it is read
+    for key, as_hashed in LATER_SETTINGS.items():
+        value = as_hashed(identity.get(key))
+        if value is None:
+            identity.pop(key, None)
+        else:
+            identity[key] = value
     if identity.get("backend") == "auto":
         identity["backend"] = backend or _local_backend()
     return fingerprint(identity)
