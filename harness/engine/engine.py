@@ -410,12 +410,14 @@ class OffloadEngine:
         harness/traces/batch_replay.py replays systems that plan in batch faster, to the same bits."""
         loads = trace.loads.to(torch.long).numpy()  # one conversion, not one per layer
         loads.flags.writeable = False  # as live: systems read the loads, never change them
-        top_k = self.geometry.num_experts_per_tok
-        for s, step in enumerate(trace.steps):
-            self.begin_step(step, *trace.forward_size(s, top_k))
-            rows = loads[s]
-            for layer in range(self.n_layers):
-                wants = self.system.wants_hint and layer + 1 < self.n_layers
-                self.plan_layer(layer, rows[layer], trace.hint(s, layer, self.system.hint_channel) if wants else None)
-            self.end_step()
+        for s in range(len(trace.steps)):
+            self.replay_forward(trace, s, loads[s])
         return self.summary()
+
+    def replay_forward(self, trace: RoutingTrace, s: int, rows: np.ndarray) -> None:
+        """Forward s of a recorded trace, layer by layer; `rows`: its int64 loads [L, E], read-only."""
+        self.begin_step(trace.steps[s], *trace.forward_size(s, self.geometry.num_experts_per_tok))
+        for layer in range(self.n_layers):
+            wants = self.system.wants_hint and layer + 1 < self.n_layers
+            self.plan_layer(layer, rows[layer], trace.hint(s, layer, self.system.hint_channel) if wants else None)
+        self.end_step()

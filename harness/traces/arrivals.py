@@ -153,16 +153,10 @@ def arrival_figures(served: Served) -> dict[str, float]:
 def engine_forward(engine: OffloadEngine) -> Callable[[RoutingTrace, int], float]:
     """The `forward` of `continuous` that charges batch forward s on a prepared engine, layer
     by layer as `OffloadEngine.replay` does, and returns its modeled seconds."""
-    top_k = engine.geometry.num_experts_per_tok
-
     def forward(merged: RoutingTrace, s: int) -> float:
-        engine.begin_step(merged.steps[s], *merged.forward_size(s, top_k))
         rows = merged.loads[s].to(torch.long).numpy()
         rows.flags.writeable = False  # as live: systems read the loads, never change them
-        for layer in range(engine.n_layers):
-            wants = engine.system.wants_hint and layer + 1 < engine.n_layers
-            engine.plan_layer(layer, rows[layer], merged.hint(s, layer, engine.system.hint_channel) if wants else None)
-        engine.end_step()
+        engine.replay_forward(merged, s, rows)
         return float(engine.ledger.step_series()[-1]["modeled_latency_s"])
 
     return forward
