@@ -4,7 +4,8 @@ simulated moments (docs/routing-regimes.md): each knob is matched to its statist
 shape and geometry with one fixed seed (common random numbers keep each statistic monotone
 in its knob); the knobs are solved together because they interact (locality also
 concentrates a request's popularity, affinity also repeats experts over time).
-`hint_quality` is read off the trace's hints directly, `period` off its overlap at lags 1..4.
+`hint_quality` and `residual_hint_quality` are read off the trace's hints of each channel directly,
+`period` off its overlap at lags 1..4.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.common.errors import HarnessError
+from harness.model.hints import NEXT_GATE, RESIDUAL
 from harness.placement.trace import RoutingTrace
 from harness.routing.calibration_fit import fit_calibration, trace_calibration_overlap
 from harness.routing.generate import Dims, generate, simulate
@@ -44,14 +46,16 @@ def simulated_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed
                    [t for _, t, _ in sim.steps], period)
 
 
-def hint_quality(trace: RoutingTrace) -> float | None:
+def hint_quality(trace: RoutingTrace, channel: str = NEXT_GATE) -> float | None:
     """Least-squares q in hint ~ q x next load + (1 - q) x the request's mean next load (each
-    normalized to sum 1), over the forwards that carry hints; None without hints."""
-    if not trace.has_hints or trace.n_layers < 2:
+    normalized to sum 1), over the forwards that carry hints of `channel` (its own, never a
+    stand-in's); None without them."""
+    rows = trace._channel(channel)
+    if not any(h is not None for h in rows) or trace.n_layers < 2:
         return None
     loads = trace.loads.numpy().astype(np.float64)
     hints = np.stack([h.numpy() if h is not None else np.zeros(loads.shape[1:], np.float32)
-                      for h in trace._hints]).astype(np.float64)
+                      for h in rows]).astype(np.float64)
     prompts = np.array([s.prompt for s in trace.steps])
     mean = np.zeros_like(loads)
     for p in set(prompts.tolist()):
@@ -80,12 +84,15 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None) 
     if all(math.isnan(v) for v in target.values()):
         raise HarnessError("the trace has no decoding forwards to fit; give a trace of a decode")
     regime = replace(start or RoutingRegime(), period=float(period))
-    q = hint_quality(trace)
+    q, q_residual = hint_quality(trace), hint_quality(trace, RESIDUAL)
     if q is not None:
         regime = replace(regime, hint_quality=q)
+    if q_residual is not None:
+        regime = replace(regime, residual_hint_quality=q_residual)
     knobs = [k for k in SEARCH if not math.isnan(target[k])]
     best = None
-    second = replace(SECOND_START, hint_quality=regime.hint_quality, period=regime.period)
+    second = replace(SECOND_START, hint_quality=regime.hint_quality, period=regime.period,
+                     residual_hint_quality=regime.residual_hint_quality)
     for begin in (regime, second):  # the better of two starts
         fitted, reached = _newton(begin, knobs, target, shape, dims, seed)
         misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))
@@ -95,7 +102,9 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None) 
     record = {"statistics": {k: {"target": _num(target[k]), "reached": _num(reached[k])} for k in target},
               "unfitted": [k for k in SEARCH if k not in knobs], "seed": seed,
               "lag_profile": [_num(v) for v in profile], "period_from": "lag_profile",
-              "hint_quality_from": "hints" if q is not None else "default (the trace has no hints)"}
+              "hint_quality_from": "hints" if q is not None else "default (the trace has no hints)",
+              "residual_hint_quality_from": "residual_hints" if q_residual is not None
+              else "unset (the trace has no residual hints: one predictor stands in for both channels)"}
     return regime, record
 
 

@@ -251,16 +251,24 @@ def generate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0
     sim = simulate(regime, shape, dims, seed, calibration)
     loads = np.stack(sim.loads)
     expected = np.stack(sim.expected).astype(np.float32)
-    hints = np.zeros(loads.shape, dtype=np.float32)
-    q = regime.hint_quality
-    hints[:, :-1] = q * loads[:, 1:] + (1 - q) * expected[:, 1:]
+    hints = predicted_loads(loads, expected, regime.hint_quality)
+    residual = None if regime.residual_hint_quality is None else \
+        predicted_loads(loads, expected, regime.residual_hint_quality)
     trace = RoutingTrace(dims.n_layers, dims.n_experts, geometry=dict(dims.geometry))
     for s, (info, tokens, context) in enumerate(sim.steps):
         trace.add_step(info, tokens, context)
-        trace.set_step(s, loads[s], hints[s])
+        trace.set_step(s, loads[s], hints[s], None if residual is None else residual[s])
     trace._stacked = torch.from_numpy(loads)
     trace.meta = meta(regime, shape, dims, seed, name, sim)
     return derive_no_cache(trace) if shape.mode == "block" and shape.cache == "none" else trace
+
+
+def predicted_loads(loads: np.ndarray, expected: np.ndarray, quality: float) -> np.ndarray:
+    """A hint channel [S, L, E]: row l = quality x layer l+1's true load + (1 - quality) x its
+    expectation under the request's popularity (the last layer predicts nothing)."""
+    hints = np.zeros(loads.shape, dtype=np.float32)
+    hints[:, :-1] = quality * loads[:, 1:] + (1 - quality) * expected[:, 1:]
+    return hints
 
 
 def meta(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int, name: str, sim: Simulated

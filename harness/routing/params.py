@@ -30,9 +30,10 @@ CACHES = ("prefix", "none")
 MAX_LAG = 4  # the furthest earlier token/step a reuse may come from
 RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "decay": (0.0, 0.95),
           "affinity": (0.0, 0.99), "cohesion": (0.0, 0.99), "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
-          "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0)}
+          "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0),
+          "residual_hint_quality": (0.0, 1.0)}
 WHOLE = ("period",)  # knobs that take whole numbers only
-OPTIONAL = ("calibration_shared",)  # knobs that may be unset (None): left out of as_dict
+OPTIONAL = ("calibration_shared", "residual_hint_quality")  # knobs that may be unset (None): left out of as_dict
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,11 @@ class RoutingRegime:
                   workload's common popularity a calibration set shares (a model's calibration
                   prompts are not the workload's problems). Unset (None): `shared`, as before
                   the knob existed; `fit` reads it off the calibration recorded beside a trace.
+    residual_hint_quality  hint_quality of the second hint channel, the residual predictor's
+                  (harness/model/hints.py; what DALI reads by default): the same mix of the true
+                  next-layer load and its expectation, drawn apart from the next-gate one. Unset
+                  (None): the trace carries one predictor that stands in for both channels, as
+                  before the knob existed; `fit` reads it off a trace's residual hints.
     """
 
     skew: float = 1.0
@@ -92,6 +98,7 @@ class RoutingRegime:
     gate_concentration: float = 1.0
     period: float = 1.0
     calibration_shared: float | None = None
+    residual_hint_quality: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from harness.common.errors import HarnessError
 from harness.placement.trace import RoutingTrace
-from harness.routing.fit import fit
+from harness.routing.fit import fit, hint_quality
 from harness.routing.generate import Dims, generate
 from harness.routing.moments import shape_of, trace_moments
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
@@ -83,3 +84,19 @@ def test_bad_knobs_and_files_are_one_line_errors(tmp_path: Path) -> None:
         RegimeFile.load(tmp_path / "r.yaml")
     with pytest.raises(HarnessError, match=r"shape\.mode='x'"):
         TraceShape("x")
+
+
+def test_each_hint_channel_has_its_own_quality_and_fit_reads_both_back() -> None:
+    shape = TraceShape("ar", [16] * 4, [24] * 4, 8)
+    one = generate(RoutingRegime(hint_quality=0.7), shape, SMALL, seed=2)
+    both = generate(RoutingRegime(hint_quality=0.7, residual_hint_quality=0.2), shape, SMALL, seed=2)
+    assert np.array_equal(one.loads.numpy(), both.loads.numpy())  # the knob changes hints, never routing
+    s = 5
+    assert torch.equal(one.step_hints(s, "residual"), one.step_hints(s, "next_gate"))  # unset: one stand-in
+    assert torch.equal(both.step_hints(s, "next_gate"), one.step_hints(s, "next_gate"))
+    assert not torch.equal(both.step_hints(s, "residual"), both.step_hints(s, "next_gate"))
+    # fit regresses on the request's mean load, the generator mixed in its expectation: close, not equal
+    assert hint_quality(both) == pytest.approx(0.7, abs=0.02)
+    assert hint_quality(both, "residual") == pytest.approx(0.2, abs=0.02)
+    assert hint_quality(one, "residual") is None  # a stand-in is no recorded channel
+    assert "residual_hint_quality" not in RoutingRegime(hint_quality=0.7).as_dict()  # old files: same knobs
