@@ -21,14 +21,24 @@ from harness.model.hints import NEXT_GATE, RESIDUAL
 from harness.placement.trace import RoutingTrace
 from harness.routing.calibration_fit import fit_calibration, trace_calibration_overlap
 from harness.routing.generate import Dims, generate, simulate
-from harness.routing.moments import moments, period_of, shape_of, trace_lag_profile, trace_moments
+from harness.routing.moments import (
+    head_share,
+    moments,
+    period_of,
+    shape_of,
+    trace_head_share,
+    trace_lag_profile,
+    trace_moments,
+)
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
 
 # knob -> (its statistic rises with it?, bracket searched)
 SEARCH = {"skew": (False, (0.0, 3.0)), "shared": (True, (0.0, 1.0)), "locality": (True, (0.0, 0.95)),
           "decay": (True, (0.0, 0.9)), "affinity": (True, (0.0, 0.95)),
-          "cohesion": (False, (0.0, 0.95)), "prefill_skew": (False, (0.0, 3.0))}
+          "cohesion": (False, (0.0, 0.95)), "prefill_skew": (False, (0.0, 3.0)),
+          "prefill_overlap": (True, (0.0, 1.0))}
 ITERATIONS, STEP, TOLERANCE = 12, 0.05, 0.002
+POPULARITY_SHAPES = ("zipf", "lognormal")  # the popularity shapes `fit` tries (params.py `lognormal`)
 # a second start, mildly skewed and mostly shared: from the defaults the solver can reach skew 0,
 # where `shared` no longer moves any statistic and the search stalls
 SECOND_START = RoutingRegime(skew=0.5, shared=0.8, locality=0.1, decay=0.1, affinity=0.3, cohesion=0.0,
@@ -44,6 +54,22 @@ def simulated_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed
         return trace_moments(generate(regime, shape, dims, seed), period)
     return moments(loads, [i.kind for i in infos], [i.prompt for i in infos], [i.block for i in infos],
                    [t for _, t, _ in sim.steps], period)
+
+
+def choose_shape(fits: dict[str, tuple[float, float]], head: float) -> str:
+    """The popularity shape to keep, of fits {shape: (misfit, head share reached)}: each shape
+    matches the knobs' statistics about equally (as many knobs as statistics), so the head
+    share, which neither fits, decides, among the shapes whose misfit is within 4x the best's
+    (+ 1e-4); without a head share (nan), the first such shape."""
+    floor = 4 * min(m for m, _ in fits.values()) + 1e-4
+    fine = [n for n, (m, _) in fits.items() if m <= floor]
+    return fine[0] if math.isnan(head) else min(fine, key=lambda n: abs(fits[n][1] - head))
+
+
+def simulated_head_share(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int) -> float:
+    sim = simulate(regime, shape, dims, seed)
+    return head_share(np.stack(sim.loads), [i.kind for i, _, _ in sim.steps], [i.prompt for i, _, _ in sim.steps],
+                      dims.top_k)
 
 
 def hint_quality(trace: RoutingTrace, channel: str = NEXT_GATE) -> float | None:
@@ -73,10 +99,12 @@ def hint_quality(trace: RoutingTrace, channel: str = NEXT_GATE) -> float | None:
     return float(np.clip(t @ d / denom, 0.0, 1.0)) if denom > 0 else None
 
 
-def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None) -> tuple[RoutingRegime,
-                                                                                          dict[str, Any]]:
+def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
+        popularity: tuple[str, ...] = POPULARITY_SHAPES) -> tuple[RoutingRegime, dict[str, Any]]:
     """The regime whose generated traces (this trace's shape and geometry) match its
-    statistics, and a record of the fit: target and reached statistics per knob."""
+    statistics, and a record of the fit: target and reached statistics per knob. Each
+    popularity shape of `popularity` is fitted; the one whose head share comes closer to the
+    trace's is kept (among those whose misfit is not 4x the best)."""
     shape, dims = shape_of(trace), Dims.of_trace(trace)
     profile = trace_lag_profile(trace)
     period = period_of(profile)
@@ -90,19 +118,32 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None) 
     if q_residual is not None:
         regime = replace(regime, residual_hint_quality=q_residual)
     knobs = [k for k in SEARCH if not math.isnan(target[k])]
-    best = None
-    second = replace(SECOND_START, hint_quality=regime.hint_quality, period=regime.period,
-                     residual_hint_quality=regime.residual_hint_quality)
-    for begin in (regime, second):  # the better of two starts
-        fitted, reached = _newton(begin, knobs, target, shape, dims, seed)
-        misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))
-        if best is None or misfit < best[0]:
-            best = (misfit, fitted, reached)
-    _, regime, reached = best
+    head = trace_head_share(trace, dims.top_k)
+    shapes: dict[str, tuple[float, RoutingRegime, dict[str, float], float]] = {}
+    for name, lognormal in zip(POPULARITY_SHAPES, (None, 1.0), strict=True):
+        if name not in popularity:
+            continue
+        best = None
+        overlap = ({"prefill_overlap": 1.0 if regime.prefill_overlap is None else regime.prefill_overlap}
+                   if "prefill_overlap" in knobs else {})  # a start's unset knob: its meaning when unset
+        first = replace(regime, lognormal=lognormal, **overlap)
+        second = replace(SECOND_START, hint_quality=regime.hint_quality, period=regime.period,
+                         residual_hint_quality=regime.residual_hint_quality, lognormal=lognormal,
+                         **({"prefill_overlap": 0.5} if overlap else {}))
+        for begin in (first, second):  # the better of two starts
+            fitted, reached = _newton(begin, knobs, target, shape, dims, seed)
+            misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))
+            if best is None or misfit < best[0]:
+                best = (misfit, fitted, reached)
+        shapes[name] = (*best, simulated_head_share(best[1], shape, dims, seed))
+    chosen = choose_shape({n: (v[0], v[3]) for n, v in shapes.items()}, head)
+    _, regime, reached, _ = shapes[chosen]
     record = {"statistics": {k: {"target": _num(target[k]), "reached": _num(reached[k])} for k in target},
               "unfitted": [k for k in SEARCH if k not in knobs], "seed": seed,
               "lag_profile": [_num(v) for v in profile], "period_from": "lag_profile",
               "hint_quality_from": "hints" if q is not None else "default (the trace has no hints)",
+              "popularity": {"chosen": chosen, "head_share_target": _num(head),
+                             **{f"head_share_{n}": _num(v[3]) for n, v in shapes.items()}},
               "residual_hint_quality_from": "residual_hints" if q_residual is not None
               else "unset (the trace has no residual hints: one predictor stands in for both channels)"}
     return regime, record

@@ -2,7 +2,7 @@
 (harness/placement/trace.py), for any MoE geometry (docs/routing-regimes.md).
 
 Each token picks top-k distinct experts per MoE layer by Gumbel-top-k over its request's
-popularity (a Zipf ranking mixed from a shared and a per-request one, harness/routing/params.py),
+popularity (a Zipf or log-normal ranking mixed from a shared and a per-request one, harness/routing/params.py),
 after two kinds of forced slots:
 
   reuse     each slot with probability `locality` takes an expert (a distinct slot of) the same token used one
@@ -25,6 +25,7 @@ seeded (numpy's Generator): the same regime, shape and seed give the same trace,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from harness.traces.routing_stats import top_k_of
 from harness.traces.serving import PER_PROMPT_TOKENS
 
 FORCED_REUSE, FORCED_COHESION, FORCED_AFFINITY = 1e6, 1e4, 1e2  # added to forced experts' scores, in precedence
+PREFILL_STREAM = 1  # the prefill's own rankings come from Generator((seed, PREFILL_STREAM))
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,19 @@ def zipf(n: int, s: float) -> np.ndarray:
     return w / w.sum()
 
 
+def lognormal_ranks(n: int, sigma: float) -> np.ndarray:
+    """Weights exp(sigma x z_i), z_i the standard normal quantile of rank i (heaviest first)."""
+    normal = NormalDist()
+    z = np.array([normal.inv_cdf((n - i - 0.5) / n) for i in range(n)])
+    w = np.exp(sigma * (z - z[0]))
+    return w / w.sum()
+
+
+def popularity_weights(n: int, skew: float, lognormal: bool) -> np.ndarray:
+    """The popularity of ranks 0..n-1 (heaviest first): Zipf, or log-normal (params.py `lognormal`)."""
+    return lognormal_ranks(n, skew) if lognormal else zipf(n, skew)
+
+
 class Router:
     """The per-request popularity, the cross-layer maps and the seeded draws of one trace."""
 
@@ -81,17 +96,27 @@ class Router:
         workload = n_requests - calibration
         shares = {regime.shared_of(r, workload) for r in range(n_requests)}
 
-        def popularity(s: float) -> np.ndarray:
-            w = zipf(E, s)
+        def mixed(w: np.ndarray, glob: np.ndarray, own: np.ndarray) -> np.ndarray:
             if len(shares) == 1:  # one share for every request (the calibration's unset or equal)
-                p = regime.shared * w[glob][None] + (1 - regime.shared) * w[own]
-            else:  # the last `calibration` requests at calibration_shared
-                share = np.array([regime.shared_of(r, workload) for r in range(n_requests)])[:, None, None]
-                p = share * w[glob][None] + (1 - share) * w[own]
-            return np.log(p).astype(np.float32)
+                return regime.shared * w[glob][None] + (1 - regime.shared) * w[own]
+            # the last `calibration` requests at calibration_shared
+            share = np.array([regime.shared_of(r, workload) for r in range(n_requests)])[:, None, None]
+            return share * w[glob][None] + (1 - share) * w[own]
+
+        def popularity(s: float) -> np.ndarray:
+            return np.log(mixed(popularity_weights(E, s, bool(regime.lognormal)), glob, own)).astype(np.float32)
 
         self.decode_logp = popularity(regime.skew)
-        self.prefill_logp = popularity(regime.prefill_skew)
+        if regime.prefill_overlap is None:
+            self.prefill_logp = popularity(regime.prefill_skew)
+        else:  # the prefill's own rankings, from a generator of their own: the routing's draws stay as they were
+            w = popularity_weights(E, regime.prefill_skew, bool(regime.lognormal))
+            c = regime.prefill_overlap
+            ranks = np.random.default_rng((seed, PREFILL_STREAM))
+            own_glob = ranks.permuted(np.broadcast_to(np.arange(E), (L, E)).copy(), axis=-1)
+            own_req = ranks.permuted(np.broadcast_to(np.arange(E), (n_requests, L, E)).copy(), axis=-1)
+            prefill = c * mixed(w, glob, own) + (1 - c) * mixed(w, own_glob, own_req)
+            self.prefill_logp = np.log(prefill).astype(np.float32)
         lags = regime.decay ** np.arange(MAX_LAG)
         self.lag_weights = [lags[:n] / lags[:n].sum() for n in range(1, MAX_LAG + 1)]
         self.period = int(regime.period)

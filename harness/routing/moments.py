@@ -19,6 +19,8 @@
   cohesion      normalized entropy of a decoding forward's load, mean over the forwards of
                 more than one token and layers (falls as cohesion rises)
   prefill_skew  normalized entropy of each request's prefill popularity
+  prefill_overlap  Pearson correlation of a request's prefill popularity with its decoding
+                popularity, mean over requests and layers
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from harness.placement.trace import RoutingTrace
 from harness.routing.params import TraceShape
 from harness.traces.serving import PER_PROMPT_TOKENS
 
-MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "prefill_skew")
+MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "prefill_skew", "prefill_overlap")
 
 
 def _entropy(pop: np.ndarray) -> float:
@@ -139,7 +141,42 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         "affinity": _affinity(loads[decoding]),
         "cohesion": _entropy(loads[decoding & (np.array(tokens) > 1)].reshape(-1, loads.shape[-1])),
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
+        "prefill_overlap": prefill_overlap(loads, kinds, prompts),
     }
+
+
+def head_share(loads: np.ndarray, kinds: list[str], prompts: list[int], k: int) -> float:
+    """The share of a request's decoding pairs on its k most used experts at a layer, mean over
+    requests and layers: how heavy the popularity's head is at a given entropy (what chooses
+    the popularity's shape, Zipf or log-normal, in `fit`; no knob's statistic)."""
+    kind, prompt = np.array(kinds), np.array(prompts)
+    decoding = (kind == "denoise") | (kind == "decode")
+    pop = np.stack([loads[decoding & (prompt == p)].sum(0) for p in sorted(set(prompts))]).astype(np.float64)
+    total = pop.sum(-1)
+    top = -np.sort(-pop, axis=-1)[..., :k].sum(-1)
+    keep = total > 0
+    return float((top[keep] / total[keep]).mean()) if keep.any() else math.nan
+
+
+def prefill_overlap(loads: np.ndarray, kinds: list[str], prompts: list[int]) -> float:
+    """Pearson correlation of a request's prefill popularity with its decoding popularity over
+    the experts, mean over the requests with both and the layers (nan without prefills)."""
+    kind, prompt = np.array(kinds), np.array(prompts)
+    decoding = (kind == "denoise") | (kind == "decode")
+    corr = []
+    for p in sorted(set(prompts)):
+        pre, dec = (loads[(kind == "prefill") & (prompt == p)], loads[decoding & (prompt == p)])
+        if not len(pre) or not len(dec):
+            continue
+        a, b = pre.sum(0).astype(np.float64), dec.sum(0).astype(np.float64)  # [L, E]
+        a, b = a - a.mean(-1, keepdims=True), b - b.mean(-1, keepdims=True)
+        den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+        corr.extend(((a * b).sum(-1)[den > 0] / den[den > 0]).tolist())
+    return float(np.mean(corr)) if corr else math.nan
+
+
+def trace_head_share(trace: RoutingTrace, k: int) -> float:
+    return head_share(trace.loads.numpy(), [s.kind for s in trace.steps], [s.prompt for s in trace.steps], k)
 
 
 def trace_moments(trace: RoutingTrace, period: int = 1) -> dict[str, float]:

@@ -31,9 +31,11 @@ MAX_LAG = 4  # the furthest earlier token/step a reuse may come from
 RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "decay": (0.0, 0.95),
           "affinity": (0.0, 0.99), "cohesion": (0.0, 0.99), "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
           "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0),
-          "residual_hint_quality": (0.0, 1.0)}
-WHOLE = ("period",)  # knobs that take whole numbers only
-OPTIONAL = ("calibration_shared", "residual_hint_quality")  # knobs that may be unset (None): left out of as_dict
+          "residual_hint_quality": (0.0, 1.0), "lognormal": (0.0, 1.0),
+          "prefill_overlap": (0.0, 1.0)}
+WHOLE = ("period", "lognormal")  # knobs that take whole numbers only
+# knobs that may be unset (None): left out of as_dict
+OPTIONAL = ("calibration_shared", "residual_hint_quality", "lognormal", "prefill_overlap")
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class RoutingRegime:
 
     skew          Zipf exponent s of each layer's expert popularity in decoding forwards:
                   the i-th most popular expert gets weight (i+1)^-s (0: uniform). Both the
-                  shared and the per-request popularity have this skew.
+                  shared and the per-request popularity have this skew. With `lognormal`
+                  set, the log-normal spread sigma instead (see there).
     shared        share of the popularity common to every request (0..1): a request's
                   popularity at a layer is shared x the layer's global Zipf ranking +
                   (1 - shared) x a Zipf ranking of its own (cross-request correlation:
@@ -70,6 +73,12 @@ class RoutingRegime:
                   placement exploit).
     prefill_skew  Zipf exponent of the prefill (prompt) forwards' popularity, over the
                   same rankings as decoding (prefill vs decode difference).
+    prefill_overlap  how much a request's prefill routes like its decoding (0..1): the prefill
+                  popularity is prefill_overlap x the decoding rankings' + (1 - prefill_overlap)
+                  x rankings of the prefill's own (shared and per request, mixed by `shared`),
+                  both at prefill_skew (a prompt's tokens are not the generated ones: what a
+                  cache warmed by the prefill keeps for the decode). Unset: 1, the decoding
+                  rankings, as before the knob existed.
     hint_quality  the next-layer hint each forward carries: hint_quality x the true next
                   layer load + (1 - hint_quality) x its expectation under the request's
                   popularity (1: a perfect predictor; what DALI's prefetch reads).
@@ -80,6 +89,12 @@ class RoutingRegime:
                   workload's common popularity a calibration set shares (a model's calibration
                   prompts are not the workload's problems). Unset (None): `shared`, as before
                   the knob existed; `fit` reads it off the calibration recorded beside a trace.
+    lognormal     the popularity's shape: unset or 0, Zipf ranks (above); 1, log-normal: the
+                  i-th most popular expert of E gets weight exp(skew x z_i), z_i the standard
+                  normal quantile at (E - i - 1/2) / E. At equal entropy a log-normal has a
+                  flatter head, more mass in the middle and a lighter tail than a Zipf
+                  ranking, as the recorded proxies' popularity has (docs/routing-regimes.md).
+                  `fit` fits both shapes and keeps the better.
     residual_hint_quality  hint_quality of the second hint channel, the residual predictor's
                   (harness/model/hints.py; what DALI reads by default): the same mix of the true
                   next-layer load and its expectation, drawn apart from the next-gate one. Unset
@@ -99,6 +114,8 @@ class RoutingRegime:
     period: float = 1.0
     calibration_shared: float | None = None
     residual_hint_quality: float | None = None
+    lognormal: float | None = None
+    prefill_overlap: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

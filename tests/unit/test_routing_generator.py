@@ -21,7 +21,8 @@ from harness.traces.routing_stats import routing_statistics
 MINI = Path(__file__).resolve().parents[1] / "golden" / "mini" / "trace.npz"
 SMALL = Dims(6, 32, 4, {"num_experts_per_tok": 4}, "small")
 # |fitted - true| per knob on the AR traces below (docs/routing-regimes.md states these)
-TOLERANCE = {"skew": 0.35, "shared": 0.1, "locality": 0.05, "decay": 0.1, "affinity": 0.15, "prefill_skew": 0.15}
+TOLERANCE = {"skew": 0.35, "shared": 0.1, "locality": 0.05, "decay": 0.1, "affinity": 0.15, "prefill_skew": 0.15,
+             "prefill_overlap": 0.15}
 
 
 def test_generated_trace_is_seeded_and_routes_top_k_distinct_experts() -> None:
@@ -48,12 +49,12 @@ def test_a_generated_trace_mirrors_a_recorded_block_diffusion_trace() -> None:
 
 
 @pytest.mark.parametrize("true", [
-    RoutingRegime(skew=1.2, shared=0.6, locality=0.4, decay=0.3, affinity=0.3, prefill_skew=0.6),
-    RoutingRegime(skew=0.5, shared=0.2, locality=0.1, decay=0.0, affinity=0.6, prefill_skew=1.5),
+    RoutingRegime(skew=1.2, shared=0.6, locality=0.4, decay=0.3, affinity=0.3, prefill_skew=0.6, prefill_overlap=0.3),
+    RoutingRegime(skew=0.5, shared=0.2, locality=0.1, decay=0.0, affinity=0.6, prefill_skew=1.5, prefill_overlap=0.5),
 ])
 def test_fit_recovers_the_knobs_of_a_synthetic_trace(true: RoutingRegime) -> None:
     trace = generate(true, TraceShape("ar", [32] * 12, [64] * 12, 32), SMALL, seed=1)
-    fitted, record = fit(trace)
+    fitted, record = fit(trace, popularity=("zipf",))  # the shape's choice: tests/unit/test_routing_popularity.py
     for knob, tol in TOLERANCE.items():
         assert abs(getattr(fitted, knob) - getattr(true, knob)) <= tol, (knob, fitted)
     assert record["unfitted"] == ["cohesion"]  # no decoding forward of several tokens in an AR trace
