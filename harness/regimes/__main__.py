@@ -36,7 +36,8 @@ def markdown(family: str, cells: list[Cell]) -> str:
     grid = grid_cells(cells)
     anchor = next(c for c in cells if "anchor" in c.point)
     lines = [f"## {family} (generated routing; modeled figures)", "",
-             f"Anchor (fitted): locality={anchor.point['locality']}, skew={anchor.point['skew']}, "
+             f"Anchor (fitted): locality={anchor.point['locality']}, "
+             f"{'skew (log-normal sigma)' if anchor.point.get('lognormal') else 'skew'}={anchor.point['skew']}, "
              f"shared={anchor.point['shared']}: winner **{winner(anchor)}**", "",
              "| system | tokens/s | miss rate | margin over best baseline |", "|---|---|---|---|"]
     for system, f in anchor.figures.items():

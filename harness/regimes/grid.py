@@ -53,7 +53,8 @@ def anchor(family: str) -> RegimeFile:
 
 def points(base: RoutingRegime) -> list[dict[str, float]]:
     grid = [{"locality": lo, "skew": sk, "shared": sh} for sh, sk, lo in itertools.product(SHARED, SKEW, LOCALITY)]
-    return [*grid, {"locality": base.locality, "skew": base.skew, "shared": base.shared, "anchor": 1.0}]
+    fitted = {"locality": base.locality, "skew": base.skew, "shared": base.shared, "anchor": 1.0}
+    return [*grid, {**fitted, "lognormal": 1.0} if base.lognormal else fitted]
 
 
 def budget_overrides(family: str) -> list[str]:
@@ -113,6 +114,8 @@ def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed
             knobs["period"] = 1.0
             # and the shared axis is the calibration's too (the anchor keeps its fitted calibration_shared)
             knobs["calibration_shared"] = None
+            # and the skew axis is a Zipf exponent in every family (the anchor keeps its fitted shape)
+            knobs["lognormal"] = None
         regime = RegimeFile(replace(fitted.regime, **knobs), fitted.shape, {}, f"{family}_grid")
         any_cfg = next(iter(cfgs.values()))
         sizes = SIZES[_mode(family)]
