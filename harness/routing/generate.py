@@ -14,9 +14,9 @@ after two kinds of forced slots:
 
   cohesion  each slot with probability `cohesion` takes an expert of the forward's anchor
             set (k experts drawn once per forward and layer; forwards of several tokens),
-            at a block's denoising step s the probability cohesion x (1 - unmasking)^s (the
-            prompt, never masked, as at step `block`; no extra draws: the same numbers
-            compared with a lower probability)
+            at a block's denoising step s the probability cohesion x (1 - unmasking x
+            (1 - 2^-s)) (the prompt, never masked, as at step `block`; no extra draws: the
+            same numbers compared with a lower probability)
 
 Reuses win over cohesion, cohesion over affinity picks, and these over fresh draws. The forwards are the ones the
 decode loops run (harness/decode/decoding.py, harness/zoo/ar_generate.py,
@@ -41,6 +41,7 @@ from harness.traces.routing_stats import top_k_of
 from harness.traces.serving import PER_PROMPT_TOKENS
 
 FORCED_REUSE, FORCED_COHESION, FORCED_AFFINITY = 1e6, 1e4, 1e2  # added to forced experts' scores, in precedence
+UNMASKED_PER_STEP = 0.5  # share of a block's still-masked tokens each denoising step leaves masked
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class Router:
     def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray], step: int = 0) -> np.ndarray:
         """int64 [n, L, k]: n tokens' experts; logp [L, E] (every token's) or [n, L, E];
         sources: each token's experts at the earlier steps, newest first ([n, L, k] each);
-        step: the forward's denoising step in its block (cohesion x (1 - unmasking)^step)."""
+        step: the forward's denoising step in its block (cohesion fades by `unmasking`)."""
         k, (L, E) = self.dims.top_k, logp.shape[-2:]
         rng, regime = self.rng, self.regime
         u = rng.random((n, L, E), dtype=np.float32)
@@ -126,7 +127,8 @@ class Router:
             anchor = _top_k((logp if logp.ndim == 2 else logp[0]) + g, k)  # [L, k]
             slot = rng.integers(k, size=(n, L, k))
             cand = np.take_along_axis(np.broadcast_to(anchor[None], (n, L, k)), slot, -1)
-            keep = rng.random((n, L, k)) < regime.cohesion * (1.0 - regime.unmasking) ** step
+            unmasked = 1.0 - UNMASKED_PER_STEP ** step  # share of the block's tokens unmasked by step `step`
+            keep = rng.random((n, L, k)) < regime.cohesion * (1.0 - regime.unmasking * unmasked)
             scores = _force(scores, cand, keep, FORCED_COHESION)
         if regime.affinity <= 0 or L == 1:
             return _top_k(scores, k)

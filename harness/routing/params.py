@@ -64,13 +64,14 @@ class RoutingRegime:
                   anchor set (k experts drawn once per forward and layer): the tokens of one
                   forward route alike (a diffusion window's masked tokens look the same;
                   decides a denoising step's distinct experts, what TIDE's per-step split sees)
-    unmasking     how fast cohesion fades over a block's (canvas's) denoising steps as its
-                  tokens are unmasked (0..1): at step s of a block the cohesion probability is
-                  cohesion x (1 - unmasking)^s (each step unmasks that share of the tokens
-                  still masked; the block's commit at s = its steps; a prefill's prompt, never
-                  masked, at s = the block length). 0: flat cohesion, the trace bit for bit as
-                  before the knob existed. The first step's tokens, all masked, route alike;
-                  later ones diverge. Autoregressive forwards keep `cohesion` as it is.
+    unmasking     how much of cohesion a block's (canvas's) denoising steps lose as its tokens
+                  are unmasked (0..1): at step s of a block the cohesion probability is
+                  cohesion x (1 - unmasking x (1 - 2^-s)) (each step unmasks half the tokens
+                  still masked, generate.UNMASKED_PER_STEP; the block's commit at s = its steps;
+                  a diffusion prefill's prompt, never masked, at s = the block length). The
+                  first step's tokens, all masked, route alike; later ones diverge, down to
+                  cohesion x (1 - unmasking). 0: flat cohesion, the trace bit for bit as before
+                  the knob existed. Autoregressive forwards keep `cohesion` as it is.
     affinity      probability that one of a token's free slots at layer l+1 takes the
                   expert a fixed per-layer map assigns to one of its layer-l experts
                   (cross-layer predictability: what DALI's prefetch and ExFlow-style

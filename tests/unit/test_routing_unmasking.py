@@ -26,7 +26,7 @@ OLD = RoutingRegime(skew=0.8, shared=0.4, locality=0.6, decay=0.3, affinity=0.3,
 BEFORE = {"block": "4faefa9d4f3b2fed", "canvas": "7773d923f6331413"}
 SHAPES = {"block": TraceShape("block", [64, 32], [64, 96], 16, [[5, 3, 7, 2], [4, 6, 2, 8, 3, 5, 1]]),
           "canvas": TraceShape("canvas", [20, 12], [32, 32], 16, [[5, 3], [6, 2]])}
-# |fitted - true| unmasking on the synthetic trace below (measured 0.003; at 0.3: 0.001; docs/routing-regimes.md)
+# |fitted - true| unmasking on the synthetic trace below (measured 0.0009; at 0.3: 0.0004; docs/routing-regimes.md)
 RECOVERY_TOLERANCE = 0.1
 
 
@@ -56,8 +56,8 @@ def test_cohesion_fades_over_a_blocks_steps_at_unmasking_one_and_stays_flat_at_z
     first, later, commit = _distinct(generate(flat, shape, SMALL, seed=2))
     assert abs(later - first) < 0.5 and abs(commit - first) < 0.5  # the same in expectation (~20 of 32)
     first, later, commit = _distinct(generate(replace(flat, unmasking=1.0), shape, SMALL, seed=2))
-    assert later - first > 5.0  # only the first step, all tokens masked, takes the anchor set
-    assert abs(commit - later) < 0.5  # the commit, every token unmasked, takes none either
+    assert later - first > 5.0  # the first step, all tokens masked, takes the anchor set, the later ones fade
+    assert commit > later - 0.5  # the commit, every token unmasked, no more alike than the later steps
     halfway = _distinct(generate(replace(flat, unmasking=0.5), shape, SMALL, seed=2))
     assert halfway[0] == first and first < halfway[1] < later  # the first step keeps its cohesion at any unmasking
     stats = [trace_moments(generate(replace(flat, unmasking=u), shape, SMALL, seed=2))["unmasking"]
