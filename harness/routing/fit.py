@@ -35,7 +35,7 @@ from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
 # knob -> (its statistic rises with it?, bracket searched)
 SEARCH = {"skew": (False, (0.0, 3.0)), "shared": (True, (0.0, 1.0)), "locality": (True, (0.0, 0.95)),
           "decay": (True, (0.0, 0.9)), "affinity": (True, (0.0, 0.95)),
-          "cohesion": (False, (0.0, 0.95)), "prefill_skew": (False, (0.0, 3.0)),
+          "cohesion": (False, (0.0, 0.95)), "unmasking": (True, (0.0, 1.0)), "prefill_skew": (False, (0.0, 3.0)),
           "prefill_overlap": (True, (0.0, 1.0))}
 ITERATIONS, STEP, TOLERANCE = 12, 0.05, 0.002
 POPULARITY_SHAPES = ("zipf", "lognormal")  # the popularity shapes `fit` tries (params.py `lognormal`)
@@ -43,6 +43,9 @@ POPULARITY_SHAPES = ("zipf", "lognormal")  # the popularity shapes `fit` tries (
 # where `shared` no longer moves any statistic and the search stalls
 SECOND_START = RoutingRegime(skew=0.5, shared=0.8, locality=0.1, decay=0.1, affinity=0.3, cohesion=0.0,
                              prefill_skew=0.5)
+# where both starts put cohesion and unmasking when the trace shows them (a denoising trace): at
+# cohesion 0 unmasking moves no statistic, and the solver stalled there (docs/routing-regimes.md)
+DENOISING_START = {"cohesion": 0.3, "unmasking": 0.3}
 
 
 def simulated_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int) -> dict[str, float]:
@@ -130,6 +133,8 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
         second = replace(SECOND_START, hint_quality=regime.hint_quality, period=regime.period,
                          residual_hint_quality=regime.residual_hint_quality, lognormal=lognormal,
                          **({"prefill_overlap": 0.5} if overlap else {}))
+        if "unmasking" in knobs and start is None:
+            first, second = (replace(r, **DENOISING_START) for r in (first, second))
         for begin in (first, second):  # the better of two starts
             fitted, reached = _newton(begin, knobs, target, shape, dims, seed)
             misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))

@@ -13,7 +13,10 @@ after two kinds of forced slots:
             layer l assigns to one of the token's layer-l experts (at layer l + 1)
 
   cohesion  each slot with probability `cohesion` takes an expert of the forward's anchor
-            set (k experts drawn once per forward and layer; forwards of several tokens)
+            set (k experts drawn once per forward and layer; forwards of several tokens),
+            at a block's denoising step s the probability cohesion x (1 - unmasking x
+            (1 - 2^-s)) (the prompt, never masked, as at step `block`; no extra draws: the
+            same numbers compared with a lower probability)
 
 Reuses win over cohesion, cohesion over affinity picks, and these over fresh draws. The forwards are the ones the
 decode loops run (harness/decode/decoding.py, harness/zoo/ar_generate.py,
@@ -40,6 +43,7 @@ from harness.traces.serving import PER_PROMPT_TOKENS
 
 FORCED_REUSE, FORCED_COHESION, FORCED_AFFINITY = 1e6, 1e4, 1e2  # added to forced experts' scores, in precedence
 PREFILL_STREAM = 1  # the prefill's own rankings come from Generator((seed, PREFILL_STREAM))
+UNMASKED_PER_STEP = 0.5  # share of a block's still-masked tokens each denoising step leaves masked
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,10 @@ class Router:
     def _ranks(self, shape: tuple[int, ...]) -> np.ndarray:
         return self.rng.permuted(np.broadcast_to(np.arange(shape[-1]), shape).copy(), axis=-1)
 
-    def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray]) -> np.ndarray:
+    def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray], step: int = 0) -> np.ndarray:
         """int64 [n, L, k]: n tokens' experts; logp [L, E] (every token's) or [n, L, E];
-        sources: each token's experts at the earlier steps, newest first ([n, L, k] each)."""
+        sources: each token's experts at the earlier steps, newest first ([n, L, k] each);
+        step: the forward's denoising step in its block (cohesion fades by `unmasking`)."""
         k, (L, E) = self.dims.top_k, logp.shape[-2:]
         rng, regime = self.rng, self.regime
         u = rng.random((n, L, E), dtype=np.float32)
@@ -147,7 +152,8 @@ class Router:
             anchor = _top_k((logp if logp.ndim == 2 else logp[0]) + g, k)  # [L, k]
             slot = rng.integers(k, size=(n, L, k))
             cand = np.take_along_axis(np.broadcast_to(anchor[None], (n, L, k)), slot, -1)
-            keep = rng.random((n, L, k)) < regime.cohesion
+            unmasked = 1.0 - UNMASKED_PER_STEP ** step  # share of the block's tokens unmasked by step `step`
+            keep = rng.random((n, L, k)) < regime.cohesion * (1.0 - regime.unmasking * unmasked)
             scores = _force(scores, cand, keep, FORCED_COHESION)
         if regime.affinity <= 0 or L == 1:
             return _top_k(scores, k)
@@ -247,23 +253,23 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
     if shape.mode == "block" and first > 0:
         n = first * lb
         sim.add(StepInfo(r, first, 0, len(sim.steps), True, "prefill"), n, n,
-                router.route(router.prefill_logp[r], n, []), router.prefill_logp[r], dims)
+                router.route(router.prefill_logp[r], n, [], lb), router.prefill_logp[r], dims)
         encoded = n
     elif shape.mode == "canvas":
         sim.add(StepInfo(r, 0, 0, len(sim.steps), True, "prefill"), p, p,
-                router.route(router.prefill_logp[r], p, []), router.prefill_logp[r], dims)
+                router.route(router.prefill_logp[r], p, [], lb), router.prefill_logp[r], dims)
         encoded = p
     n_blocks = shape.n_blocks(r)
     for i, steps in enumerate(shape.steps[r]):
         block = first + i if shape.mode == "block" else i
         history: list[np.ndarray] = []
         for s in range(steps):
-            ids = router.route(router.decode_logp[r], lb, history)
+            ids = router.route(router.decode_logp[r], lb, history, s)
             history = [ids, *history[:router.memory - 1]]
             sim.add(StepInfo(r, block, s, len(sim.steps), i == 0, "denoise"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
         if i + 1 < n_blocks:  # the finished block's commit: its tokens one step on
-            ids = router.route(router.decode_logp[r], lb, history)
+            ids = router.route(router.decode_logp[r], lb, history, steps)
             sim.add(StepInfo(r, block, steps, len(sim.steps), i == 0, "commit"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
             encoded += lb

@@ -18,6 +18,10 @@
                 layer's popularity (the prediction without layer l)
   cohesion      normalized entropy of a decoding forward's load, mean over the forwards of
                 more than one token and layers (falls as cohesion rises)
+  unmasking     the same entropy over the denoising forwards after their block's first
+                minus that over each block's first (rises with unmasking: the first step,
+                all tokens masked, cohesive, the later ones diverse);
+                nan without denoising forwards (autoregressive traces)
   prefill_skew  normalized entropy of each request's prefill popularity
   prefill_overlap  Pearson correlation of a request's prefill popularity with its decoding
                 popularity, mean over requests and layers
@@ -34,7 +38,8 @@ from harness.placement.trace import RoutingTrace
 from harness.routing.params import TraceShape
 from harness.traces.serving import PER_PROMPT_TOKENS
 
-MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "prefill_skew", "prefill_overlap")
+MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "unmasking", "prefill_skew",
+           "prefill_overlap")
 
 
 def _entropy(pop: np.ndarray) -> float:
@@ -93,6 +98,23 @@ def _affinity(loads: np.ndarray) -> float:
     return cosine(np.einsum("sle,lef->slf", test[:, :-1], co)) - cosine(popular)
 
 
+def _unmasking(loads: np.ndarray, kind: np.ndarray, prompt: np.ndarray, block: np.ndarray,
+               tokens: np.ndarray) -> float:
+    """Entropy of each block's denoising forwards after its first minus the first's."""
+    rows = np.flatnonzero((kind == "denoise") & (tokens > 1))
+    keys = list(zip(prompt[rows].tolist(), block[rows].tolist(), strict=True))
+    first = np.zeros(len(rows), dtype=bool)
+    seen: set[tuple[int, int]] = set()
+    for i, key in enumerate(keys):  # forwards in order: a block's first step is its first seen
+        first[i] = key not in seen
+        seen.add(key)
+    late = ~first
+    if not late.any():
+        return math.nan
+    E = loads.shape[-1]
+    return _entropy(loads[rows[late]].reshape(-1, E)) - _entropy(loads[rows[first]].reshape(-1, E))
+
+
 PERIOD_MARGIN = 0.02  # how much more the overlap two forwards apart must be for period 2
 
 
@@ -140,6 +162,7 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         "decay": _lag_overlap(loads, prompt, block, decoding, ar, 2 * period),
         "affinity": _affinity(loads[decoding]),
         "cohesion": _entropy(loads[decoding & (np.array(tokens) > 1)].reshape(-1, loads.shape[-1])),
+        "unmasking": _unmasking(loads, kind, prompt, block, np.array(tokens)),
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
         "prefill_overlap": prefill_overlap(loads, kinds, prompts),
     }

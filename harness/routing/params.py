@@ -29,7 +29,8 @@ MODES = ("ar", "block", "canvas")  # autoregressive | LLaDA2's block diffusion |
 CACHES = ("prefix", "none")
 MAX_LAG = 4  # the furthest earlier token/step a reuse may come from
 RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "decay": (0.0, 0.95),
-          "affinity": (0.0, 0.99), "cohesion": (0.0, 0.99), "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
+          "affinity": (0.0, 0.99), "cohesion": (0.0, 0.99), "unmasking": (0.0, 1.0),
+          "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
           "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0),
           "residual_hint_quality": (0.0, 1.0), "lognormal": (0.0, 1.0),
           "prefill_overlap": (0.0, 1.0)}
@@ -67,6 +68,14 @@ class RoutingRegime:
                   anchor set (k experts drawn once per forward and layer): the tokens of one
                   forward route alike (a diffusion window's masked tokens look the same;
                   decides a denoising step's distinct experts, what TIDE's per-step split sees)
+    unmasking     how much of cohesion a block's (canvas's) denoising steps lose as its tokens
+                  are unmasked (0..1): at step s of a block the cohesion probability is
+                  cohesion x (1 - unmasking x (1 - 2^-s)) (each step unmasks half the tokens
+                  still masked, generate.UNMASKED_PER_STEP; the block's commit at s = its steps;
+                  a diffusion prefill's prompt, never masked, at s = the block length). The
+                  first step's tokens, all masked, route alike; later ones diverge, down to
+                  cohesion x (1 - unmasking). 0: flat cohesion, the trace bit for bit as before
+                  the knob existed. Autoregressive forwards keep `cohesion` as it is.
     affinity      probability that one of a token's free slots at layer l+1 takes the
                   expert a fixed per-layer map assigns to one of its layer-l experts
                   (cross-layer predictability: what DALI's prefetch and ExFlow-style
@@ -108,6 +117,7 @@ class RoutingRegime:
     decay: float = 0.0
     affinity: float = 0.0
     cohesion: float = 0.0
+    unmasking: float = 0.0
     prefill_skew: float = 1.0
     hint_quality: float = 0.5
     gate_concentration: float = 1.0
