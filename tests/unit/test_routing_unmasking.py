@@ -74,6 +74,6 @@ def test_fit_recovers_a_known_unmasking_of_a_block_diffusion_trace() -> None:
     true = RoutingRegime(skew=0.8, shared=0.5, locality=0.5, decay=0.2, affinity=0.2, cohesion=0.6, unmasking=0.5,
                          prefill_skew=0.8)
     shape = TraceShape("block", [32] * 4, [64] * 4, 16, [[8] * 5] * 4)
-    fitted, record = fit(generate(true, shape, SMALL, seed=1))
+    fitted, record = fit(generate(true, shape, SMALL, seed=1), popularity=("zipf",))  # the true shape
     assert "unmasking" not in record["unfitted"]
     assert abs(fitted.unmasking - true.unmasking) <= RECOVERY_TOLERANCE, fitted
