@@ -25,6 +25,7 @@ from harness.routing.moments import (
     head_share,
     moments,
     period_of,
+    request_popularity,
     shape_of,
     trace_head_share,
     trace_lag_profile,
@@ -71,8 +72,9 @@ def choose_shape(fits: dict[str, tuple[float, float]], head: float) -> str:
 
 def simulated_head_share(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int) -> float:
     sim = simulate(regime, shape, dims, seed)
-    return head_share(np.stack(sim.loads), [i.kind for i, _, _ in sim.steps], [i.prompt for i, _, _ in sim.steps],
-                      dims.top_k)
+    pop, _ = request_popularity(np.stack(sim.loads), [i.kind for i, _, _ in sim.steps],
+                                [i.prompt for i, _, _ in sim.steps])
+    return head_share(pop, dims.top_k)
 
 
 def hint_quality(trace: RoutingTrace, channel: str = NEXT_GATE) -> float | None:

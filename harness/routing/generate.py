@@ -28,6 +28,7 @@ seeded (numpy's Generator): the same regime, shape and seed give the same trace,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from statistics import NormalDist
 from typing import Any
 
@@ -73,11 +74,19 @@ def zipf(n: int, s: float) -> np.ndarray:
     return w / w.sum()
 
 
-def lognormal_ranks(n: int, sigma: float) -> np.ndarray:
-    """Weights exp(sigma x z_i), z_i the standard normal quantile of rank i (heaviest first)."""
+@cache
+def _normal_quantiles(n: int) -> np.ndarray:
+    """z_i of ranks 0..n-1, heaviest first, shifted so z_0 = 0 (every Router asks for the same n)."""
     normal = NormalDist()
     z = np.array([normal.inv_cdf((n - i - 0.5) / n) for i in range(n)])
-    w = np.exp(sigma * (z - z[0]))
+    z = z - z[0]
+    z.flags.writeable = False
+    return z
+
+
+def lognormal_ranks(n: int, sigma: float) -> np.ndarray:
+    """Weights exp(sigma x z_i), z_i the standard normal quantile of rank i (heaviest first)."""
+    w = np.exp(sigma * _normal_quantiles(n))
     return w / w.sum()
 
 

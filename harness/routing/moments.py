@@ -143,12 +143,8 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
     ar = kind == "decode"
     prompt = np.array(prompts)
     ids = sorted(set(prompts))
-    pop = np.stack([loads[decoding & (prompt == p)].sum(0) for p in ids]).astype(np.float64)  # [R, L, E]
-    pre = [loads[(kind == "prefill") & (prompt == p)].sum(0) for p in ids]
-    pre_pop = np.stack(pre).astype(np.float64)
-    z = pop - pop.mean(-1, keepdims=True)
-    norm = np.linalg.norm(z, axis=-1, keepdims=True)
-    z = np.where(norm > 0, z / np.clip(norm, 1e-30, None), np.nan)
+    pop, pre_pop = request_popularity(loads, kinds, prompts)
+    z = _unit_rows(pop)
     shared = math.nan
     if len(ids) > 1:
         corr = np.einsum("rle,sle->lrs", z, z)
@@ -164,42 +160,49 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         "cohesion": _entropy(loads[decoding & (np.array(tokens) > 1)].reshape(-1, loads.shape[-1])),
         "unmasking": _unmasking(loads, kind, prompt, block, np.array(tokens)),
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
-        "prefill_overlap": prefill_overlap(loads, kinds, prompts),
+        "prefill_overlap": _paired_correlation(pre_pop, pop),
     }
 
 
-def head_share(loads: np.ndarray, kinds: list[str], prompts: list[int], k: int) -> float:
-    """The share of a request's decoding pairs on its k most used experts at a layer, mean over
-    requests and layers: how heavy the popularity's head is at a given entropy (what chooses
-    the popularity's shape, Zipf or log-normal, in `fit`; no knob's statistic)."""
+def request_popularity(loads: np.ndarray, kinds: list[str], prompts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """float64 [R, L, E] each: per request (in id order) its decoding forwards' summed loads
+    and its prefill's (zeros for a request without one)."""
     kind, prompt = np.array(kinds), np.array(prompts)
     decoding = (kind == "denoise") | (kind == "decode")
-    pop = np.stack([loads[decoding & (prompt == p)].sum(0) for p in sorted(set(prompts))]).astype(np.float64)
+    ids = sorted(set(prompts))
+    pop = np.stack([loads[decoding & (prompt == p)].sum(0) for p in ids]).astype(np.float64)
+    pre = np.stack([loads[(kind == "prefill") & (prompt == p)].sum(0) for p in ids]).astype(np.float64)
+    return pop, pre
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """Each row centred and scaled to norm 1 (nan where it is constant: no correlation)."""
+    z = x - x.mean(-1, keepdims=True)
+    norm = np.linalg.norm(z, axis=-1, keepdims=True)
+    return np.where(norm > 0, z / np.clip(norm, 1e-30, None), np.nan)
+
+
+def _paired_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """prefill_overlap: Pearson correlation of a[r, l] with b[r, l] over the experts, mean over
+    the (request, layer) pairs where both vary (nan where none does: no prefills)."""
+    corr = (_unit_rows(a) * _unit_rows(b)).sum(-1)
+    return float(np.nanmean(corr)) if np.isfinite(corr).any() else math.nan
+
+
+def head_share(pop: np.ndarray, k: int) -> float:
+    """The share of a request's decoding pairs on its k most used experts at a layer, mean over
+    requests and layers, for pop [R, L, E] (`request_popularity`): how heavy the popularity's
+    head is at a given entropy (what chooses the popularity's shape, Zipf or log-normal, in
+    `fit`; no knob's statistic)."""
     total = pop.sum(-1)
     top = -np.sort(-pop, axis=-1)[..., :k].sum(-1)
     keep = total > 0
     return float((top[keep] / total[keep]).mean()) if keep.any() else math.nan
 
 
-def prefill_overlap(loads: np.ndarray, kinds: list[str], prompts: list[int]) -> float:
-    """Pearson correlation of a request's prefill popularity with its decoding popularity over
-    the experts, mean over the requests with both and the layers (nan without prefills)."""
-    kind, prompt = np.array(kinds), np.array(prompts)
-    decoding = (kind == "denoise") | (kind == "decode")
-    corr = []
-    for p in sorted(set(prompts)):
-        pre, dec = (loads[(kind == "prefill") & (prompt == p)], loads[decoding & (prompt == p)])
-        if not len(pre) or not len(dec):
-            continue
-        a, b = pre.sum(0).astype(np.float64), dec.sum(0).astype(np.float64)  # [L, E]
-        a, b = a - a.mean(-1, keepdims=True), b - b.mean(-1, keepdims=True)
-        den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-        corr.extend(((a * b).sum(-1)[den > 0] / den[den > 0]).tolist())
-    return float(np.mean(corr)) if corr else math.nan
-
-
 def trace_head_share(trace: RoutingTrace, k: int) -> float:
-    return head_share(trace.loads.numpy(), [s.kind for s in trace.steps], [s.prompt for s in trace.steps], k)
+    pop, _ = request_popularity(trace.loads.numpy(), [s.kind for s in trace.steps], [s.prompt for s in trace.steps])
+    return head_share(pop, k)
 
 
 def trace_moments(trace: RoutingTrace, period: int = 1) -> dict[str, float]:
