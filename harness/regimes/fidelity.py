@@ -3,7 +3,8 @@
 over the trace (with the calibration recorded beside it) and over the trace its regime
 generates in the same shape (with generated calibration requests); then the routing
 statistics of both traces: the fit's (harness/routing/moments.py, at the regime's period) and
-a few of harness.traces.routing_stats' at B = a quarter of the experts.
+a few of harness.traces.routing_stats' at B = a quarter of the experts, the entropy of the hints
+DALI reads, and the top-B drift TIDE's tau* reads (systems/tide_tau.py).
 
     python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0]
 """
@@ -13,15 +14,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from harness.common.errors import exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.model.hints import NEXT_GATE, RESIDUAL
 from harness.placement.trace import RoutingTrace
 from harness.regimes.grid import SINGLE, configs, replay
 from harness.routing.generate import Dims
-from harness.routing.moments import trace_moments
+from harness.routing.moments import hint_entropy, trace_moments
 from harness.routing.named import regime_file
 from harness.routing.replayable import generate_with_calibration
 from harness.traces.routing_stats import routing_statistics
+from systems.tide_tau import denoise_blocks, estimate_drift
 
 COMMAND = KeyValueCommand(
     "python -m harness.regimes.fidelity", "each system's figures on a trace and on its fitted regime's routing",
@@ -59,10 +64,19 @@ def statistics(trace: RoutingTrace, generated: RoutingTrace, period: int) -> dic
     out: dict[str, float] = {}
     for suffix, t in (("", trace), ("_generated", generated)):
         seen = routing_statistics(t, b)
+        blocks = denoise_blocks(t)
         stats = {**trace_moments(t, period), **{k: seen[k] for k in ROUTING_STATS},
-                 "cosine_k1": (seen["cosine_by_k"] or [None])[0]}
+                 "cosine_k1": (seen["cosine_by_k"] or [None])[0], "hint_entropy": _hint_entropy(t),
+                 "top_b_drift": estimate_drift(blocks, b) if blocks else None}
         out.update({f"{k}{suffix}": float("nan") if v is None else float(v) for k, v in stats.items()})
     return out
+
+
+def _hint_entropy(trace: RoutingTrace) -> float | None:
+    """How flat the hints DALI reads are (the residual channel where the trace has it)."""
+    channel = RESIDUAL if any(h is not None for h in trace._channel(RESIDUAL)) else NEXT_GATE
+    rows = [h.numpy() for h in trace._channel(channel) if h is not None]
+    return hint_entropy(np.stack(rows)) if rows else None
 
 
 def main(argv: list[str]) -> int:

@@ -16,7 +16,14 @@ after two kinds of forced slots:
             set (k experts drawn once per forward and layer; forwards of several tokens),
             at a block's denoising step s the probability cohesion x (1 - unmasking x
             (1 - 2^-s)) (the prompt, never masked, as at step `block`; no extra draws: the
-            same numbers compared with a lower probability)
+            same numbers compared with a lower probability); with `unmask_redraw` set, per
+            token: cohesion while the token is masked, cohesion x (1 - unmasking) once it is
+  redraw    with `unmask_redraw` set, each token of a block is unmasked at a step drawn
+            uniformly over the block's steps; at the first forward after it, with probability
+            unmask_redraw, the token reuses nothing and from then on only what it routed since
+
+The hints: each channel q x layer l+1's true load + (1 - q) x its expectation under the
+request's popularity (raised to `hint_sharpness` when that is set).
 
 Reuses win over cohesion, cohesion over affinity picks, and these over fresh draws. The forwards are the ones the
 decode loops run (harness/decode/decoding.py, harness/zoo/ar_generate.py,
@@ -44,6 +51,8 @@ from harness.traces.serving import PER_PROMPT_TOKENS
 
 FORCED_REUSE, FORCED_COHESION, FORCED_AFFINITY = 1e6, 1e4, 1e2  # added to forced experts' scores, in precedence
 PREFILL_STREAM = 1  # the prefill's own rankings come from Generator((seed, PREFILL_STREAM))
+UNMASK_STREAM = 2  # the tokens' unmask steps and redraws come from Generator((seed, UNMASK_STREAM))
+NO_REDRAW = 1 << 30  # `Unmasked.since` of a token that has not redrawn: all its history usable
 UNMASKED_PER_STEP = 0.5  # share of a block's still-masked tokens each denoising step leaves masked
 
 
@@ -95,6 +104,16 @@ def popularity_weights(n: int, skew: float, lognormal: bool) -> np.ndarray:
     return lognormal_ranks(n, skew) if lognormal else zipf(n, skew)
 
 
+@dataclass(frozen=True)
+class Unmasked:
+    """The tokens of one denoising forward under per-token unmasking (`unmask_redraw`):
+    `masked` [n] whether each is still masked, `since` [n] the forwards since it redrew
+    (0: this one, it reuses nothing; NO_REDRAW: it did not)."""
+
+    masked: np.ndarray
+    since: np.ndarray
+
+
 class Router:
     """The per-request popularity, the cross-layer maps and the seeded draws of one trace."""
 
@@ -134,14 +153,25 @@ class Router:
         self.lag_weights = [lags[:n] / lags[:n].sum() for n in range(1, MAX_LAG + 1)]
         self.period = int(regime.period)
         self.memory = MAX_LAG * self.period  # the earlier tokens/steps a reuse may come from
+        self.unmask_rng = None if regime.unmask_redraw is None else np.random.default_rng((seed, UNMASK_STREAM))
 
     def _ranks(self, shape: tuple[int, ...]) -> np.ndarray:
         return self.rng.permuted(np.broadcast_to(np.arange(shape[-1]), shape).copy(), axis=-1)
 
-    def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray], step: int = 0) -> np.ndarray:
+    def unmask_schedule(self, n: int, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per token of a block of `steps` steps: the step at whose end it is unmasked, and
+        whether it redraws then (None without `unmask_redraw`)."""
+        if self.unmask_rng is None:
+            return None
+        return (self.unmask_rng.integers(steps, size=n),
+                self.unmask_rng.random(n) < float(self.regime.unmask_redraw or 0.0))
+
+    def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray], step: int = 0,
+              unmasked: Unmasked | None = None) -> np.ndarray:
         """int64 [n, L, k]: n tokens' experts; logp [L, E] (every token's) or [n, L, E];
         sources: each token's experts at the earlier steps, newest first ([n, L, k] each);
-        step: the forward's denoising step in its block (cohesion fades by `unmasking`)."""
+        step: the forward's denoising step in its block (cohesion fades by `unmasking`);
+        unmasked: the tokens' states under per-token unmasking (else the step schedule)."""
         k, (L, E) = self.dims.top_k, logp.shape[-2:]
         rng, regime = self.rng, self.regime
         u = rng.random((n, L, E), dtype=np.float32)
@@ -152,17 +182,25 @@ class Router:
             # slot j reuses slot perm(j) of the earlier token/step: distinct slots, so at locality
             # near 1 a token keeps nearly all its k experts (a diffusion step re-routing the same tokens)
             slot = rng.permuted(np.broadcast_to(np.arange(k), (n, L, k)).copy(), axis=-1)
+            if unmasked is not None:  # a redrawn token reuses only what it routed since
+                usable = unmasked.since // self.period  # its sources at or after the redraw
+                lag = np.minimum(lag, np.maximum(usable - 1, 0)[:, None, None])
             stacked = np.stack(avail)  # [D, n, L, k]
             cand = stacked[lag, np.arange(n)[:, None, None], np.arange(L)[None, :, None], slot]
             keep = rng.random((n, L, k)) < regime.locality
+            if unmasked is not None:
+                keep &= (usable >= 1)[:, None, None]
             scores = _force(scores, cand, keep, FORCED_REUSE)
         if n > 1 and regime.cohesion > 0:  # the forward's anchor set, shared by its tokens
             g = -np.log(-np.log(np.clip(rng.random((L, E), dtype=np.float32), 1e-12, 1 - 1e-7)))
             anchor = _top_k((logp if logp.ndim == 2 else logp[0]) + g, k)  # [L, k]
             slot = rng.integers(k, size=(n, L, k))
             cand = np.take_along_axis(np.broadcast_to(anchor[None], (n, L, k)), slot, -1)
-            unmasked = 1.0 - UNMASKED_PER_STEP ** step  # share of the block's tokens unmasked by step `step`
-            keep = rng.random((n, L, k)) < regime.cohesion * (1.0 - regime.unmasking * unmasked)
+            if unmasked is None:  # the share of the block's tokens unmasked by step `step`
+                share: float | np.ndarray = 1.0 - UNMASKED_PER_STEP ** step
+            else:  # each token's own state
+                share = (~unmasked.masked).astype(np.float64)[:, None, None]
+            keep = rng.random((n, L, k)) < regime.cohesion * (1.0 - regime.unmasking * share)
             scores = _force(scores, cand, keep, FORCED_COHESION)
         if regime.affinity <= 0 or L == 1:
             return _top_k(scores, k)
@@ -272,16 +310,27 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
     for i, steps in enumerate(shape.steps[r]):
         block = first + i if shape.mode == "block" else i
         history: list[np.ndarray] = []
+        schedule = router.unmask_schedule(lb, steps)
         for s in range(steps):
-            ids = router.route(router.decode_logp[r], lb, history, s)
+            ids = router.route(router.decode_logp[r], lb, history, s, _states(schedule, s))
             history = [ids, *history[:router.memory - 1]]
             sim.add(StepInfo(r, block, s, len(sim.steps), i == 0, "denoise"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
         if i + 1 < n_blocks:  # the finished block's commit: its tokens one step on
-            ids = router.route(router.decode_logp[r], lb, history, steps)
+            ids = router.route(router.decode_logp[r], lb, history, steps, _states(schedule, steps))
             sim.add(StepInfo(r, block, steps, len(sim.steps), i == 0, "commit"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
             encoded += lb
+
+
+def _states(schedule: tuple[np.ndarray, np.ndarray] | None, step: int) -> Unmasked | None:
+    """The tokens' states at denoising step `step` (the commit at step = the block's steps) of a
+    block whose tokens are unmasked at the end of steps `schedule[0]` and redraw per `schedule[1]`."""
+    if schedule is None:
+        return None
+    unmask_step, redraws = schedule
+    seen = step - (unmask_step + 1)  # forwards since the first that sees the token unmasked
+    return Unmasked(step <= unmask_step, np.where(redraws & (seen >= 0), seen, NO_REDRAW))
 
 
 def generate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0, name: str = "",
@@ -291,6 +340,8 @@ def generate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0
     sim = simulate(regime, shape, dims, seed, calibration)
     loads = np.stack(sim.loads)
     expected = np.stack(sim.expected).astype(np.float32)
+    if regime.hint_sharpness is not None:
+        expected = sharpened(expected, regime.hint_sharpness)
     hints = predicted_loads(loads, expected, regime.hint_quality)
     residual = None if regime.residual_hint_quality is None else \
         predicted_loads(loads, expected, regime.residual_hint_quality)
@@ -301,6 +352,14 @@ def generate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0
     trace._stacked = torch.from_numpy(loads)
     trace.meta = meta(regime, shape, dims, seed, name, sim)
     return derive_no_cache(trace) if shape.mode == "block" and shape.cache == "none" else trace
+
+
+def sharpened(expected: np.ndarray, power: float) -> np.ndarray:
+    """Each row of expected loads [..., E] raised to `power` and scaled back to its total
+    (params.py `hint_sharpness`; 0: uniform)."""
+    w = np.power(np.clip(expected.astype(np.float64), 1e-30, None), power)
+    w *= expected.sum(-1, keepdims=True) / w.sum(-1, keepdims=True)
+    return w.astype(np.float32)
 
 
 def predicted_loads(loads: np.ndarray, expected: np.ndarray, quality: float) -> np.ndarray:

@@ -25,6 +25,9 @@
   prefill_skew  normalized entropy of each request's prefill popularity
   prefill_overlap  Pearson correlation of a request's prefill popularity with its decoding
                 popularity, mean over requests and layers
+  unmask_redraw the locality statistic LONG_LAG forwards apart, over denoising forwards of
+                one block (falls as unmask_redraw rises: a block's long memory); nan
+                without denoising forwards
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from harness.routing.params import TraceShape
 from harness.traces.serving import PER_PROMPT_TOKENS
 
 MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "unmasking", "prefill_skew",
-           "prefill_overlap")
+           "prefill_overlap", "unmask_redraw")
+LONG_LAG = 8  # unmask_redraw's statistic: the overlap this many forwards (x period) apart
 
 
 def _entropy(pop: np.ndarray) -> float:
@@ -161,6 +165,7 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         "unmasking": _unmasking(loads, kind, prompt, block, np.array(tokens)),
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
         "prefill_overlap": _paired_correlation(pre_pop, pop),
+        "unmask_redraw": _lag_overlap(loads, prompt, block, kind == "denoise", ar, LONG_LAG * period),
     }
 
 
@@ -187,6 +192,14 @@ def _paired_correlation(a: np.ndarray, b: np.ndarray) -> float:
     the (request, layer) pairs where both vary (nan where none does: no prefills)."""
     corr = (_unit_rows(a) * _unit_rows(b)).sum(-1)
     return float(np.nanmean(corr)) if np.isfinite(corr).any() else math.nan
+
+
+def hint_entropy(hints: np.ndarray) -> float:
+    """Normalized entropy of a hint channel's rows [S, L, E] (row l predicts layer l + 1; the
+    last predicts nothing), mean over the rows that predict something: how flat the hint is
+    (what `hint_sharpness` matches; no knob of `moments`)."""
+    rows = hints[:, :-1].reshape(-1, hints.shape[-1]).astype(np.float64)
+    return _entropy(np.clip(rows, 0.0, None))
 
 
 def head_share(pop: np.ndarray, k: int) -> float:

@@ -33,10 +33,12 @@ RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "de
           "prefill_skew": (0.0, 4.0), "hint_quality": (0.0, 1.0),
           "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0),
           "residual_hint_quality": (0.0, 1.0), "lognormal": (0.0, 1.0),
-          "prefill_overlap": (0.0, 1.0)}
+          "prefill_overlap": (0.0, 1.0), "unmask_redraw": (0.0, 1.0),
+          "hint_sharpness": (0.0, 8.0)}
 WHOLE = ("period", "lognormal")  # knobs that take whole numbers only
 # knobs that may be unset (None): left out of as_dict
-OPTIONAL = ("calibration_shared", "residual_hint_quality", "lognormal", "prefill_overlap")
+OPTIONAL = ("calibration_shared", "residual_hint_quality", "lognormal", "prefill_overlap", "unmask_redraw",
+            "hint_sharpness")
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,19 @@ class RoutingRegime:
                   a diffusion prefill's prompt, never masked, at s = the block length). The
                   first step's tokens, all masked, route alike; later ones diverge, down to
                   cohesion x (1 - unmasking). 0: flat cohesion, the trace bit for bit as before
-                  the knob existed. Autoregressive forwards keep `cohesion` as it is.
+                  the knob existed. Autoregressive forwards keep `cohesion` as it is. With
+                  `unmask_redraw` set, per token instead: a masked token at `cohesion`, an
+                  unmasked one at cohesion x (1 - unmasking).
+    unmask_redraw  per-token unmasking (block diffusion and canvases; 0..1): each token of a
+                  block is unmasked at the end of a step drawn uniformly over the block's steps
+                  (a seeded stream of its own), so the forwards before see it masked and the ones
+                  after unmasked; at the first forward that sees it unmasked the token, with
+                  probability unmask_redraw, routes afresh (its content is new: no reuse) and
+                  reuses from then on only what it routed since. A token's memory then ends
+                  at an event spread over the block, and the overlap of a block's steps falls
+                  about linearly with their distance, as LLaDA2's does (docs/routing-regimes.md),
+                  instead of geometrically. Unset: cohesion by the step schedule above and no
+                  redraws, the trace bit for bit as before the knob existed.
     affinity      probability that one of a token's free slots at layer l+1 takes the
                   expert a fixed per-layer map assigns to one of its layer-l experts
                   (cross-layer predictability: what DALI's prefetch and ExFlow-style
@@ -91,6 +105,14 @@ class RoutingRegime:
     hint_quality  the next-layer hint each forward carries: hint_quality x the true next
                   layer load + (1 - hint_quality) x its expectation under the request's
                   popularity (1: a perfect predictor; what DALI's prefetch reads).
+    hint_sharpness  how sharp the uninformed part of both hint channels is (0..8): the
+                  request's popularity raised to this power, renormalized (0: uniform over the
+                  experts, a gate that prefers none; above 1: sharper than the popularity). A
+                  prefetcher that assigns by predicted loads (DALI) acts on the hint's shape, not
+                  only on how well it correlates with the truth: a flat hint names every expert
+                  a little, a sharp one a few a lot. Unset: 1, the popularity as it is, as
+                  before the knob existed; `fit` matches the entropy of a trace's hints
+                  (harness/routing/fit.py).
     gate_concentration  Dirichlet concentration of the top-k gate weights of `route_ids`
                   (recorded with ids, never replayed: the cost model charges token counts).
     calibration_shared  `shared` of the calibration requests (the ones held out for the
@@ -126,6 +148,8 @@ class RoutingRegime:
     residual_hint_quality: float | None = None
     lognormal: float | None = None
     prefill_overlap: float | None = None
+    unmask_redraw: float | None = None
+    hint_sharpness: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -57,7 +57,8 @@ def test_fit_recovers_the_knobs_of_a_synthetic_trace(true: RoutingRegime) -> Non
     fitted, record = fit(trace, popularity=("zipf",))  # the shape's choice: tests/unit/test_routing_popularity.py
     for knob, tol in TOLERANCE.items():
         assert abs(getattr(fitted, knob) - getattr(true, knob)) <= tol, (knob, fitted)
-    assert record["unfitted"] == ["cohesion", "unmasking"]  # no forward of several tokens decoding in an AR trace
+    # no forward of several tokens decoding in an AR trace, no denoising one
+    assert record["unfitted"] == ["cohesion", "unmasking", "unmask_redraw"]
 
 
 def test_generate_of_fit_reproduces_a_proxy_traces_statistics(tmp_path: Path) -> None:

@@ -60,6 +60,10 @@ def test_the_shape_kept_is_the_one_whose_head_share_comes_closest_among_good_fit
     assert choose_shape({"zipf": (1e-5, 0.36), "lognormal": (2e-5, 0.33)}, 0.355) == "zipf"
     assert choose_shape({"zipf": (1e-5, 0.40), "lognormal": (0.01, 0.34)}, 0.34) == "zipf"  # a misfit: not kept
     assert choose_shape({"zipf": (1e-5, 0.40), "lognormal": (1e-5, 0.34)}, math.nan) == "zipf"
+    # head shares within HEAD_SHARE_TIE of the closest tie: the lower misfit decides (mini's fits)
+    assert choose_shape({"zipf": (2.3e-4, 0.2616), "lognormal": (5.9e-4, 0.2611)}, 0.2393) == "zipf"
+    assert choose_shape({"zipf": (5.9e-4, 0.2616), "lognormal": (2.3e-4, 0.2611)}, 0.2393) == "lognormal"
+    assert choose_shape({"zipf": (2.3e-4, 0.2700), "lognormal": (5.9e-4, 0.2611)}, 0.2393) == "lognormal"
 
 
 def test_fit_keeps_the_lognormal_shape_of_a_lognormal_trace() -> None:
