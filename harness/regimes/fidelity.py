@@ -14,15 +14,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from harness.common.errors import exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
-from harness.model.hints import NEXT_GATE, RESIDUAL
 from harness.placement.trace import RoutingTrace
 from harness.regimes.grid import SINGLE, configs, replay
 from harness.routing.generate import Dims
-from harness.routing.moments import hint_entropy, trace_moments
+from harness.routing.moments import dali_hint_rows, hint_entropy, trace_moments
 from harness.routing.named import regime_file
 from harness.routing.replayable import generate_with_calibration
 from harness.traces.routing_stats import routing_statistics
@@ -65,18 +62,13 @@ def statistics(trace: RoutingTrace, generated: RoutingTrace, period: int) -> dic
     for suffix, t in (("", trace), ("_generated", generated)):
         seen = routing_statistics(t, b)
         blocks = denoise_blocks(t)
+        _, hints = dali_hint_rows(t)  # how flat the hints DALI reads are
         stats = {**trace_moments(t, period), **{k: seen[k] for k in ROUTING_STATS},
-                 "cosine_k1": (seen["cosine_by_k"] or [None])[0], "hint_entropy": _hint_entropy(t),
+                 "cosine_k1": (seen["cosine_by_k"] or [None])[0],
+                 "hint_entropy": hint_entropy(hints) if hints is not None else None,
                  "top_b_drift": estimate_drift(blocks, b) if blocks else None}
         out.update({f"{k}{suffix}": float("nan") if v is None else float(v) for k, v in stats.items()})
     return out
-
-
-def _hint_entropy(trace: RoutingTrace) -> float | None:
-    """How flat the hints DALI reads are (the residual channel where the trace has it)."""
-    channel = RESIDUAL if any(h is not None for h in trace._channel(RESIDUAL)) else NEXT_GATE
-    rows = [h.numpy() for h in trace._channel(channel) if h is not None]
-    return hint_entropy(np.stack(rows)) if rows else None
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ from harness.placement.trace import RoutingTrace
 from harness.routing.calibration_fit import fit_calibration, trace_calibration_overlap
 from harness.routing.generate import Dims, generate, predicted_loads, sharpened, simulate
 from harness.routing.moments import (
+    dali_hint_rows,
     head_share,
     hint_entropy,
     moments,
@@ -180,11 +181,10 @@ def fit_hint_sharpness(trace: RoutingTrace, regime: RoutingRegime, shape: TraceS
     """`regime` with the hint_sharpness whose generated hints (of the channel DALI reads: the
     residual one where the trace has it) are as flat as the trace's, by bisection (the hints'
     entropy falls as the power rises); unchanged, and None, for a trace without hints."""
-    channel = RESIDUAL if any(h is not None for h in trace._channel(RESIDUAL)) else NEXT_GATE
-    rows = [h.numpy() for h in trace._channel(channel) if h is not None]  # its own, never a stand-in's
-    if not rows or trace.n_layers < 2:
+    channel, rows = dali_hint_rows(trace)
+    if rows is None or trace.n_layers < 2:
         return regime, None
-    target = hint_entropy(np.stack(rows))
+    target = hint_entropy(rows)
     sim = simulate(regime, shape, dims, seed)
     loads, expected = np.stack(sim.loads), np.stack(sim.expected)
     quality = regime.residual_hint_quality if channel == RESIDUAL and regime.residual_hint_quality is not None \
@@ -198,9 +198,8 @@ def fit_hint_sharpness(trace: RoutingTrace, regime: RoutingRegime, shape: TraceS
         mid = (low + high) / 2
         low, high = (mid, high) if entropy_at(mid) > target else (low, mid)
     fitted = replace(regime, hint_sharpness=round((low + high) / 2, 4))
-    got = generate(fitted, shape, dims, seed)
-    reached = hint_entropy(np.stack([h.numpy() for h in got._channel(channel) if h is not None]))
-    return fitted, {"target": _num(target), "reached": _num(reached)}
+    _, got = dali_hint_rows(generate(fitted, shape, dims, seed))
+    return fitted, {"target": _num(target), "reached": _num(hint_entropy(got) if got is not None else math.nan)}
 
 
 def _newton(regime: RoutingRegime, knobs: list[str], target: dict[str, float], shape: TraceShape, dims: Dims,

@@ -37,6 +37,7 @@ import math
 import numpy as np
 
 from harness.common.errors import HarnessError
+from harness.model.hints import NEXT_GATE, RESIDUAL
 from harness.placement.trace import RoutingTrace
 from harness.routing.params import TraceShape
 from harness.traces.serving import PER_PROMPT_TOKENS
@@ -200,6 +201,14 @@ def hint_entropy(hints: np.ndarray) -> float:
     (what `hint_sharpness` matches; no knob of `moments`)."""
     rows = hints[:, :-1].reshape(-1, hints.shape[-1]).astype(np.float64)
     return _entropy(np.clip(rows, 0.0, None))
+
+
+def dali_hint_rows(trace: RoutingTrace) -> tuple[str, np.ndarray | None]:
+    """The hint channel DALI reads by default (the residual one where the trace has its own,
+    else next_gate) and that channel's own rows [S', L, E] (never a stand-in's; None without)."""
+    channel = RESIDUAL if any(h is not None for h in trace._channel(RESIDUAL)) else NEXT_GATE
+    rows = [h.numpy() for h in trace._channel(channel) if h is not None]
+    return channel, np.stack(rows) if rows else None
 
 
 def head_share(pop: np.ndarray, k: int) -> float:
