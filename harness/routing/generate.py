@@ -3,7 +3,7 @@
 
 Each token picks top-k distinct experts per MoE layer by Gumbel-top-k over its request's
 popularity (a Zipf or log-normal ranking mixed from a shared and a per-request one, harness/routing/params.py),
-after two kinds of forced slots:
+after forced slots (and, with `unmask_redraw`, per-token redraws):
 
   reuse     each slot with probability `locality` takes an expert (a distinct slot of) the same token used one
             denoising step earlier (block diffusion: the window's tokens persist across steps)
