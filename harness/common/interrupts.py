@@ -11,14 +11,22 @@ Before that handler is in place, a command spends seconds importing (Hydra, torc
 `guard_startup`, installed by `import harness` when the process is a command, makes a Ctrl-C
 there one line and exit 130 instead of a traceback from whatever module was loading
 (docs/bad-input.md). Nothing is written during imports, so there is nothing to save.
+
+A few writes must not be cut in half: `deferred_interrupts` holds Ctrl-C and SIGTERM back
+while an MLflow run is logged (a KeyboardInterrupt inside SQLite's transaction left a
+half-logged run and, once on CI, a store still locked 20 s later when the sweep's parent
+run was ended) and delivers them when the write is done; a second one of the same kind is
+delivered at once, for a user who means it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 _received = threading.Event()
@@ -85,3 +93,49 @@ def raise_if_interrupted() -> None:
     """Raise the KeyboardInterrupt that something between here and the signal swallowed."""
     if _received.is_set():
         raise KeyboardInterrupt
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _deliver(signum: int) -> None:
+    """Act on a signal as its handler in place now would have."""
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Run the block whole: Ctrl-C or SIGTERM arriving inside it acts when it ends (as if it
+    had arrived then), a second of the same kind at once. Only the main thread gets signals;
+    elsewhere, and for a signal that is ignored, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in HELD_SIGNALS}
+    previous = {s: h for s, h in previous.items() if h not in (signal.SIG_IGN, None)}
+    pending: list[int] = []
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def hold(signum: int, frame: Any) -> None:
+        if signum in pending:
+            pending.clear()  # delivered here, not again at the end
+            restore()
+            _deliver(signum)
+        else:
+            pending.append(signum)
+
+    for signum in previous:
+        signal.signal(signum, hold)
+    try:
+        yield
+    finally:
+        restore()
+        for signum in pending[:1]:  # the first one decides how the process stops
+            _deliver(signum)

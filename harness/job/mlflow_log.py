@@ -25,12 +25,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from harness.common.errors import HarnessError, OneLineParser
-from harness.common.interrupts import end_startup, raise_if_interrupted
+from harness.common.interrupts import deferred_interrupts, end_startup, raise_if_interrupted
 from harness.common.keyvalue import as_flags, program_name
 from harness.common.paths import require_regular_file
 from harness.job.resume import config_hash, index_result
 from harness.results.records import SWEEP_FILES, workload_of
-from harness.results.run_result import RunResult
+from harness.results.run_result import MlflowRecord, RunResult
 from harness.tracking.cluster import job_leaves_logging_to_launcher
 from harness.tracking.mlflow_store import (
     TrackingUnavailable,
@@ -108,10 +108,17 @@ def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
 
 def log_result(result: RunResult, run_dir: str | Path, tracking: TrackingConfig,
                parent_run_id: str | None = None, config_hash: str | None = None) -> str:
-    """Log one result as an MLflow run and mark the run dir; raises on any store failure."""
+    """Log one result as an MLflow run and mark the run dir; raises on any store failure.
+    Ctrl-C or SIGTERM during the logging acts once the run is logged (a second Ctrl-C at once)."""
     run_dir = Path(run_dir)
     record = result.to_mlflow(run_dir, config_hash, git_commit())
     digest = file_digest(run_dir / RESULT_FILE)  # before logging: the marker names what was logged
+    with deferred_interrupts():
+        return _log_record(result, run_dir, tracking, parent_run_id, record, digest)
+
+
+def _log_record(result: RunResult, run_dir: Path, tracking: TrackingConfig, parent_run_id: str | None,
+                record: MlflowRecord, digest: str | None) -> str:
     client = open_store(tracking.uri, tracking.timeout_s)
     if parent_run_id:  # children live in their parent's experiment, or the UI cannot nest them
         experiment_id = client.get_run(parent_run_id).info.experiment_id

@@ -100,6 +100,9 @@ def _in_workers(cells: Sequence[Cell], settings: CellSettings, workers: int,
                 done: Callable[[CellResult], None]) -> list[CellResult]:
     context = multiprocessing.get_context("spawn")
     tasks: Any = context.Queue()
+    # cells no worker took (Ctrl-C, an error) must not hold up the exit: without this, the
+    # queue's feeder thread waits at exit for a reader of a full pipe that never comes
+    tasks.cancel_join_thread()
     answers: Any = context.Queue()
     for index in sorted(range(len(cells)), key=lambda i: -cell_size(cells[i])):  # largest first
         tasks.put((index, cells[index]))
@@ -110,11 +113,11 @@ def _in_workers(cells: Sequence[Cell], settings: CellSettings, workers: int,
           file=sys.stderr)
     processes = [context.Process(target=_work, args=(tasks, answers, settings, threads), daemon=True,
                                  name=f"sensitivity-{n}") for n in range(workers)]
-    for process in processes:
-        process.start()
     results: list[CellResult | None] = [None] * len(cells)
     terminated = _on_sigterm_exit()
     try:
+        for process in processes:  # inside: a Ctrl-C while the second one starts ends the first
+            process.start()
         for _ in cells:
             index, result, error = _next_answer(answers, processes)
             if error is not None:
@@ -124,12 +127,12 @@ def _in_workers(cells: Sequence[Cell], settings: CellSettings, workers: int,
     finally:
         if terminated is not None:
             signal.signal(signal.SIGTERM, terminated)
-        tasks.cancel_join_thread()  # cells no worker took (Ctrl-C, an error) must not hold up the exit
         for process in processes:
             if process.is_alive():
                 process.terminate()
         for process in processes:
-            process.join()
+            if process.pid is not None:  # started (or its start cut short after the spawn)
+                process.join()
     return [r for r in results if r is not None]
 
 

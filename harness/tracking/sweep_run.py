@@ -9,8 +9,9 @@ SystemExit(143) in its main thread, Ctrl-C raises KeyboardInterrupt as usual, an
 interpreter exit the guard ends the parent run KILLED (signal) or FAILED (an exception),
 tagged `harness.ended=interrupted|failed` (`finished` after a complete sweep, plus
 `harness.signal` after a signal), and ends KILLED and deletes any of its children still
-RUNNING: a child run whose logging the signal cut short, like any half-logged run (the
-job's result.json stays, without an `mlflow.json` marker). SIGKILL (or a lost node)
+RUNNING: a child run whose logging a second Ctrl-C cut short (the first one waits until
+the run is logged: `deferred_interrupts`), like any half-logged run (the job's result.json
+stays, without an `mlflow.json` marker). SIGKILL (or a lost node)
 cannot be caught: the parent then stays RUNNING until the sweep is resumed (below), or
 until `python -m harness.tracking push` (which logs the missing children but leaves the
 parent's status alone).

@@ -6,6 +6,7 @@ each with its one line and exit code. Subprocesses: the slow tier."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -195,6 +196,44 @@ def test_ctrl_c_during_a_parallel_sensitivity_ends_its_workers(proxy_cache, tiny
         time.sleep(0.05)
     assert all(_gone(w) for w in workers)
     assert not out.exists()
+
+
+CTRL_C_WHILE_THE_SECOND_WORKER_STARTS = """
+import multiprocessing.context, sys
+from harness.sensitivity import workers
+
+started = []
+real_start = multiprocessing.context.SpawnProcess.start
+
+def start(self):  # Ctrl-C lands while the second worker starts
+    started.append(self)
+    if len(started) == 2:
+        raise KeyboardInterrupt
+    real_start(self)
+
+multiprocessing.context.SpawnProcess.start = start
+workers.cell_size = lambda cell: 0
+try:  # two cells of 300 kB: more than the tasks' pipe holds, so its feeder blocks without a reader
+    workers._in_workers([b"x" * 300_000, b"y" * 300_000], None, 2, lambda result: None)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_while_the_sensitivity_workers_start_does_not_hang_the_exit(tmp_path):
+    """CI once saw the parent hang after its `interrupted:` line: the Ctrl-C came before the
+    worker loop's `finally`, so the first worker stayed and the tasks' feeder waited at exit."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_WHILE_THE_SECOND_WORKER_STARTS)
+    proc = process_wait.start([sys.executable, str(script)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process_wait.finish(proc, "the worker loop after Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            process_wait.kill_tree(proc)
+    assert proc.returncode == 130 and out.strip() == "interrupted", err[-2000:]
 
 
 @pytest.fixture(scope="module")

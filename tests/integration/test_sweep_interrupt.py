@@ -121,6 +121,40 @@ def test_an_interrupted_child_log_is_ended_killed_and_deleted(
     assert not tracking.is_logged(run_dir, settings.uri) and (run_dir / "result.json").is_file()
 
 
+@pytest.fixture
+def pythons_sigint_handler():
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_a_child_log_waits_for_it_and_leaves_the_store_writable(
+        settings: TrackingConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pythons_sigint_handler) -> None:
+    """CI once saw the Ctrl-C land inside a child's logging: the store stayed locked and the
+    parent could not be ended. Now the child is logged whole, then the interrupt acts."""
+    real_log_config_yaml = tracking.log_config_yaml
+
+    def ctrl_c_half_way(*args: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+        real_log_config_yaml(*args)
+
+    parent = new_parent(settings, tmp_path / "sweep")
+    run_dir = write_run(tmp_path / "run", hand_made_result())
+    monkeypatch.setattr(tracking, "log_config_yaml", ctrl_c_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        tracking.log_result(RunResult.from_dict(hand_made_result()), run_dir, settings, parent)
+    assert tracking.is_logged(run_dir, settings.uri)
+    client = client_of(settings)
+    children = client.search_runs([client.get_run(parent).info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent}'")
+    assert [r.info.status for r in children] == ["FINISHED"]
+    logged_after_the_signal = [f.path for f in client.list_artifacts(children[0].info.run_id)]
+    assert "config.yaml" in logged_after_the_signal
+    sweep_run.end_parent_run(settings, parent, "KILLED", "interrupted", "SIGINT")
+    assert client.get_run(parent).info.status == "KILLED"
+
+
 # --------------------------------------------------------------------------- which parent a sweep gets
 
 

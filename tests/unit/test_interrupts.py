@@ -74,3 +74,58 @@ def test_the_handler_replaces_only_pythons_own(monkeypatch):
         assert signal.getsignal(signal.SIGINT) is interrupts.on_sigint
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# --------------------------------------------------------------------------- deferred_interrupts
+
+
+@pytest.fixture
+def pythons_sigint_handler():
+    """Python's own Ctrl-C handler, as in a command (a test runner's worker may ignore SIGINT)."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_inside_the_block_acts_when_the_block_ends(pythons_sigint_handler):
+    done = []
+    with pytest.raises(KeyboardInterrupt), interrupts.deferred_interrupts():
+        signal.raise_signal(signal.SIGINT)
+        done.append("after the signal")
+    assert done == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_inside_the_block_acts_at_once(pythons_sigint_handler):
+    done = []
+    with pytest.raises(KeyboardInterrupt), interrupts.deferred_interrupts():
+        signal.raise_signal(signal.SIGINT)
+        done.append("after the first")
+        signal.raise_signal(signal.SIGINT)
+        done.append("after the second")
+    assert done == ["after the first"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigterm_inside_the_block_reaches_its_handler_at_the_end(pythons_sigint_handler):
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with interrupts.deferred_interrupts():
+            signal.raise_signal(signal.SIGTERM)
+            assert seen == []
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_ignored_ctrl_c_stays_ignored_and_a_quiet_block_changes_nothing():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts.deferred_interrupts():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
