@@ -206,21 +206,21 @@ class Router:
             return _top_k(scores, k)
         out = np.empty((n, L, k), dtype=np.int64)
         out[:, 0] = _top_k(scores[:, 0], k)
+        kept = rng.random((L - 1, n, k)) < regime.affinity  # the numbers one draw per layer would give
         for layer in range(1, L):
             cand = self.maps[layer - 1][out[:, layer - 1]]  # [n, k]
-            keep = rng.random((n, k)) < regime.affinity
-            out[:, layer] = _top_k(_force(scores[:, layer], cand, keep, FORCED_AFFINITY), k)
+            out[:, layer] = _top_k(_force(scores[:, layer], cand, kept[layer - 1], FORCED_AFFINITY), k)
         return out
 
 
 def _force(scores: np.ndarray, cand: np.ndarray, keep: np.ndarray, bonus: float) -> np.ndarray:
-    """scores with `bonus` added at the kept candidates (a candidate listed twice once)."""
-    E = scores.shape[-1]
-    padded = np.concatenate([scores, np.zeros((*scores.shape[:-1], 1), dtype=scores.dtype)], axis=-1)
-    idx = np.where(keep, cand, E)
-    add = np.take_along_axis(padded, idx, -1) + bonus
-    np.put_along_axis(padded, idx, np.where(keep, add, 0.0).astype(scores.dtype), -1)
-    return padded[..., :E]
+    """scores with `bonus` added at the kept candidates (a candidate listed twice once: a
+    fancy-indexed add writes each place once); the fit's inner loop, so plain indexing."""
+    where = np.nonzero(keep)
+    at = (*where[:-1], cand[where])
+    out = scores.copy()
+    out[at] = out[at] + np.float32(bonus)
+    return out
 
 
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
