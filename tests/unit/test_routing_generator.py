@@ -13,7 +13,7 @@ import torch
 from harness.common.errors import HarnessError
 from harness.placement.trace import RoutingTrace
 from harness.routing.fit import fit, hint_quality
-from harness.routing.generate import Dims, generate
+from harness.routing.generate import Dims, _force, generate
 from harness.routing.moments import shape_of, trace_moments
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
 from harness.traces.routing_stats import routing_statistics
@@ -102,3 +102,26 @@ def test_each_hint_channel_has_its_own_quality_and_fit_reads_both_back() -> None
     assert hint_quality(both, "residual") == pytest.approx(0.2, abs=0.02)
     assert hint_quality(one, "residual") is None  # a stand-in is no recorded channel
     assert "residual_hint_quality" not in RoutingRegime(hint_quality=0.7).as_dict()  # old files: same knobs
+
+
+def forced_one_by_one(scores: np.ndarray, cand: np.ndarray, keep: np.ndarray, bonus: float) -> np.ndarray:
+    """The plain definition of the generator's forced slots: each kept candidate's score gets
+    the bonus once, however often it is listed."""
+    out = scores.copy()
+    for row in np.ndindex(*keep.shape[:-1]):
+        for expert in {int(c) for c, k in zip(cand[row], keep[row], strict=True) if k}:
+            out[(*row, expert)] = scores[(*row, expert)] + np.float32(bonus)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (3, 4, 16)])
+def test_forced_slots_equal_their_plain_definition_bit_for_bit(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal(shape).astype(np.float32)
+    cand = rng.integers(0, 4, size=(*shape[:-1], 6))  # 6 slots over 4 experts: repeats
+    keep = rng.random((*shape[:-1], 6)) < 0.5
+    before = scores.copy()
+    forced = _force(scores, cand, keep, 1e4)
+    assert forced.dtype == np.float32 and keep.any() and not keep.all()
+    np.testing.assert_array_equal(forced, forced_one_by_one(scores, cand, keep, 1e4))
+    np.testing.assert_array_equal(scores, before)  # a new array: the caller's scores stay
