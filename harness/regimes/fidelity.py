@@ -4,15 +4,19 @@ over the trace (with the calibration recorded beside it) and over the trace its 
 generates in the same shape (with generated calibration requests); then the routing
 statistics of both traces: the fit's (harness/routing/moments.py, at the regime's period) and
 a few of harness.traces.routing_stats' at B = a quarter of the experts, the entropy of the hints
-DALI reads, and the top-B drift TIDE's tau* reads (systems/tide_tau.py).
+DALI reads, the top-B drift TIDE's tau* reads (systems/tide_tau.py), and how often an expert of
+load 1, 2, 3 is routed again the next denoising step.
 
     python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0]
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
+
+import torch
 
 from harness.common.errors import exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
@@ -34,6 +38,21 @@ COMMAND = KeyValueCommand(
 
 
 ROUTING_STATS = ("top_b_share", "top_b_share_step", "distinct_experts_per_layer_step", "popularity_cv")
+KEPT_LOADS = (1, 2, 3)  # kept_load<v>: how often an expert of load v is routed again the next step
+
+
+def kept_by_load(blocks: list[torch.Tensor], load: int) -> float:
+    """Share of (step, layer, expert) with exactly `load` tokens whose expert some token routes to
+    again at the block's next denoising step (nan without any). Mini's recorded routing keeps a
+    light expert less often than its generated routing at the same load-weighted overlap: the
+    top-B drift TIDE reads (docs/routing-regimes.md)."""
+    seen = kept = 0
+    for block in blocks:
+        now, after = block[:-1], block[1:]
+        at = now == load
+        seen += int(at.sum())
+        kept += int((at & (after > 0)).sum())
+    return kept / seen if seen else math.nan
 
 
 def fidelity(trace_path: Path, regime: str, seed: int = 0) -> dict[str, dict[str, float]]:
@@ -66,7 +85,8 @@ def statistics(trace: RoutingTrace, generated: RoutingTrace, period: int) -> dic
         stats = {**trace_moments(t, period), **{k: seen[k] for k in ROUTING_STATS},
                  "cosine_k1": (seen["cosine_by_k"] or [None])[0],
                  "hint_entropy": hint_entropy(hints) if hints is not None else None,
-                 "top_b_drift": estimate_drift(blocks, b) if blocks else None}
+                 "top_b_drift": estimate_drift(blocks, b) if blocks else None,
+                 **{f"kept_load{v}": kept_by_load(blocks, v) if blocks else None for v in KEPT_LOADS}}
         out.update({f"{k}{suffix}": float("nan") if v is None else float(v) for k, v in stats.items()})
     return out
 

@@ -8,8 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
-from harness.regimes.fidelity import fidelity, main
+from harness.regimes.fidelity import fidelity, kept_by_load, main
 from harness.routing.generate import Dims
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
 from harness.routing.replayable import generate_with_calibration
@@ -48,3 +49,11 @@ def test_a_trace_against_its_own_regime_is_reproduced_exactly(tmp_path: Path, ca
     assert any(r["tokens_per_s_ratio"] != 0.0 for s, r in moved.items() if s != "routing statistics")
     assert main([f"trace={trace}", f"regime={same}"]) == 0
     assert "| tide | " in capsys.readouterr().out
+
+
+def test_kept_by_load_counts_the_experts_of_a_load_routed_again_the_next_step() -> None:
+    block = torch.tensor([[[1, 2, 0, 1]], [[0, 3, 1, 1]], [[2, 0, 0, 0]]])  # [steps, layers, experts]
+    # load 1: expert 0 and 3 at step 0 (3 kept), expert 2 and 3 at step 1 (none kept)
+    assert kept_by_load([block], 1) == pytest.approx(1 / 4)
+    assert kept_by_load([block], 2) == 1.0  # expert 1 at step 0; the last step has no next
+    assert math.isnan(kept_by_load([block], 5))
