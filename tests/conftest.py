@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,15 @@ if os.environ.get("HARNESS_TEST_THREADS"):  # a caller sharing the cores with ot
     _THREADS = max(1, int(os.environ["HARNESS_TEST_THREADS"]))
 torch.set_num_threads(_THREADS)
 os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))  # the runs tests start as subprocesses
+
+
+@pytest.fixture
+def pythons_sigint_handler():
+    """Python's own Ctrl-C handler, as in a command (a test runner's worker may ignore SIGINT)."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")

@@ -121,14 +121,6 @@ def test_an_interrupted_child_log_is_ended_killed_and_deleted(
     assert not tracking.is_logged(run_dir, settings.uri) and (run_dir / "result.json").is_file()
 
 
-@pytest.fixture
-def pythons_sigint_handler():
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def test_ctrl_c_during_a_child_log_waits_for_it_and_leaves_the_store_writable(
         settings: TrackingConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pythons_sigint_handler) -> None:
     """CI once saw the Ctrl-C land inside a child's logging: the store stayed locked and the

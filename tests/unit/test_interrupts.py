@@ -79,15 +79,6 @@ def test_the_handler_replaces_only_pythons_own(monkeypatch):
 # --------------------------------------------------------------------------- deferred_interrupts
 
 
-@pytest.fixture
-def pythons_sigint_handler():
-    """Python's own Ctrl-C handler, as in a command (a test runner's worker may ignore SIGINT)."""
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def test_ctrl_c_inside_the_block_acts_when_the_block_ends(pythons_sigint_handler):
     done = []
     with pytest.raises(KeyboardInterrupt), interrupts.deferred_interrupts():
