@@ -16,6 +16,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from harness.common.errors import exit_with
@@ -23,7 +24,7 @@ from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.placement.trace import RoutingTrace
 from harness.regimes.grid import SINGLE, configs, replay
 from harness.routing.generate import Dims
-from harness.routing.moments import dali_hint_rows, hint_entropy, trace_moments
+from harness.routing.moments import dali_hint_rows, hint_entropy, kept_at_load, trace_moments
 from harness.routing.named import regime_file
 from harness.routing.replayable import generate_with_calibration
 from harness.traces.routing_stats import routing_statistics
@@ -42,17 +43,14 @@ KEPT_LOADS = (1, 2, 3)  # kept_load<v>: how often an expert of load v is routed 
 
 
 def kept_by_load(blocks: list[torch.Tensor], load: int) -> float:
-    """Share of (step, layer, expert) with exactly `load` tokens whose expert some token routes to
-    again at the block's next denoising step (nan without any). Mini's recorded routing keeps a
-    light expert less often than its generated routing at the same load-weighted overlap: the
-    top-B drift TIDE reads (docs/routing-regimes.md)."""
-    seen = kept = 0
-    for block in blocks:
-        now, after = block[:-1], block[1:]
-        at = now == load
-        seen += int(at.sum())
-        kept += int((at & (after > 0)).sum())
-    return kept / seen if seen else math.nan
+    """`kept_at_load` over TIDE's denoising blocks ([steps, L, E] each), one step apart. Mini's
+    recorded routing keeps a light expert less often than per-slot reuse does at the same
+    load-weighted overlap: the top-B drift TIDE reads (docs/routing-regimes.md)."""
+    if not blocks:
+        return math.nan
+    now = np.concatenate([b[:-1].numpy() for b in blocks])
+    after = np.concatenate([b[1:].numpy() for b in blocks])
+    return kept_at_load(now, after, load)
 
 
 def fidelity(trace_path: Path, regime: str, seed: int = 0) -> dict[str, dict[str, float]]:

@@ -40,7 +40,8 @@ from harness.routing.params import RANGES, RegimeFile, RoutingRegime, TraceShape
 SEARCH = {"skew": (False, (0.0, 3.0)), "shared": (True, (0.0, 1.0)), "locality": (True, (0.0, 0.95)),
           "decay": (True, (0.0, 0.9)), "affinity": (True, (0.0, 0.95)),
           "cohesion": (False, (0.0, 0.95)), "unmasking": (True, (0.0, 1.0)), "prefill_skew": (False, (0.0, 3.0)),
-          "prefill_overlap": (True, (0.0, 1.0)), "unmask_redraw": (False, (0.0, 1.0))}
+          "prefill_overlap": (True, (0.0, 1.0)), "unmask_redraw": (False, (0.0, 1.0)),
+          "solo_locality": (True, (0.0, 0.95))}
 ITERATIONS, STEP, TOLERANCE = 12, 0.05, 0.002
 POPULARITY_SHAPES = ("zipf", "lognormal")  # the popularity shapes `fit` tries (params.py `lognormal`)
 # head shares closer than this tie (what the seed alone moves them: mini's Zipf fit 0.2616..0.2687
@@ -150,6 +151,9 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
             first, second = (replace(r, **DENOISING_START) for r in (first, second))
         if "unmask_redraw" in knobs:  # a start without per-token unmasking: DENOISING_START's
             first, second = (r if r.unmask_redraw is not None else replace(r, unmask_redraw=0.5)
+                             for r in (first, second))
+        if "solo_locality" in knobs:  # a start without it: its meaning when unset, every slot at locality
+            first, second = (r if r.solo_locality is not None else replace(r, solo_locality=r.locality)
                              for r in (first, second))
         for begin in (first, second):  # the better of two starts
             fitted, reached = _newton(begin, knobs, target, shape, dims, seed)

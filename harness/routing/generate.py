@@ -8,7 +8,8 @@ after forced slots (and, with `unmask_redraw`, per-token redraws):
   reuse     each slot with probability `locality` takes an expert (a distinct slot of) the same token used one
             denoising step earlier (block diffusion: the window's tokens persist across steps)
             or an earlier token used (autoregressive), the lag d drawn with weight decay^(d-1)
-            (d x `period` tokens/steps back)
+            (d x `period` tokens/steps back); with `solo_locality` set, a diffusion slot whose
+            expert had that token alone at the source step with that probability instead
   affinity  each slot with probability `affinity` takes the expert a fixed random map of
             layer l assigns to one of the token's layer-l experts (at layer l + 1)
 
@@ -155,6 +156,20 @@ class Router:
         self.memory = MAX_LAG * self.period  # the earlier tokens/steps a reuse may come from
         self.unmask_rng = None if regime.unmask_redraw is None else np.random.default_rng((seed, UNMASK_STREAM))
 
+    def _reuse_probability(self, stacked: np.ndarray, lag: np.ndarray, cand: np.ndarray, same_tokens: bool
+                           ) -> float | np.ndarray:
+        """Per slot: `locality`, or `solo_locality` where the expert it would reuse had only
+        that token at the source step (the same random numbers either way: unset, or equal
+        to locality, is the trace bit for bit)."""
+        regime = self.regime
+        if regime.solo_locality is None or not same_tokens:
+            return regime.locality
+        D, n, L, k = stacked.shape
+        E = self.dims.n_experts
+        loads = counts(stacked.transpose(1, 0, 2, 3).reshape(n, D * L, k), E).reshape(D, L, E)
+        solo = loads[lag, np.arange(L)[None, :, None], cand] == 1
+        return np.where(solo, regime.solo_locality, regime.locality)
+
     def _ranks(self, shape: tuple[int, ...]) -> np.ndarray:
         return self.rng.permuted(np.broadcast_to(np.arange(shape[-1]), shape).copy(), axis=-1)
 
@@ -167,11 +182,13 @@ class Router:
                 self.unmask_rng.random(n) < float(self.regime.unmask_redraw or 0.0))
 
     def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray], step: int = 0,
-              unmasked: Unmasked | None = None) -> np.ndarray:
+              unmasked: Unmasked | None = None, same_tokens: bool = False) -> np.ndarray:
         """int64 [n, L, k]: n tokens' experts; logp [L, E] (every token's) or [n, L, E];
         sources: each token's experts at the earlier steps, newest first ([n, L, k] each);
         step: the forward's denoising step in its block (cohesion fades by `unmasking`);
-        unmasked: the tokens' states under per-token unmasking (else the step schedule)."""
+        unmasked: the tokens' states under per-token unmasking (else the step schedule);
+        same_tokens: the sources are these tokens' earlier forwards (a diffusion block), so
+        an expert's count among them is its load there (`solo_locality`)."""
         k, (L, E) = self.dims.top_k, logp.shape[-2:]
         rng, regime = self.rng, self.regime
         u = rng.random((n, L, E), dtype=np.float32)
@@ -187,7 +204,7 @@ class Router:
                 lag = np.minimum(lag, np.maximum(usable - 1, 0)[:, None, None])
             stacked = np.stack(avail)  # [D, n, L, k]
             cand = stacked[lag, np.arange(n)[:, None, None], np.arange(L)[None, :, None], slot]
-            keep = rng.random((n, L, k)) < regime.locality
+            keep = rng.random((n, L, k)) < self._reuse_probability(stacked, lag, cand, same_tokens)
             if unmasked is not None:
                 keep &= (usable >= 1)[:, None, None]
             scores = _force(scores, cand, keep, FORCED_REUSE)
@@ -312,12 +329,12 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
         history: list[np.ndarray] = []
         schedule = router.unmask_schedule(lb, steps)
         for s in range(steps):
-            ids = router.route(router.decode_logp[r], lb, history, s, _states(schedule, s))
+            ids = router.route(router.decode_logp[r], lb, history, s, _states(schedule, s), same_tokens=True)
             history = [ids, *history[:router.memory - 1]]
             sim.add(StepInfo(r, block, s, len(sim.steps), i == 0, "denoise"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
         if i + 1 < n_blocks:  # the finished block's commit: its tokens one step on
-            ids = router.route(router.decode_logp[r], lb, history, steps, _states(schedule, steps))
+            ids = router.route(router.decode_logp[r], lb, history, steps, _states(schedule, steps), same_tokens=True)
             sim.add(StepInfo(r, block, steps, len(sim.steps), i == 0, "commit"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
             encoded += lb

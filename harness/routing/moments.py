@@ -28,6 +28,9 @@
   unmask_redraw the locality statistic LONG_LAG forwards apart, over denoising forwards of
                 one block (falls as unmask_redraw rises: a block's long memory); nan
                 without denoising forwards
+  solo_locality the share of a denoising forward's experts with one token that the block's
+                forward `period` later routes to again (kept_at_load 1); nan without
+                denoising forwards
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from harness.routing.params import TraceShape
 from harness.traces.serving import PER_PROMPT_TOKENS
 
 MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "unmasking", "prefill_skew",
-           "prefill_overlap", "unmask_redraw")
+           "prefill_overlap", "unmask_redraw", "solo_locality")
 LONG_LAG = 8  # unmask_redraw's statistic: the overlap this many forwards (x period) apart
 
 
@@ -81,6 +84,22 @@ def _lag_overlap(loads: np.ndarray, prompts: np.ndarray, blocks: np.ndarray, dec
     a, b = np.concatenate(pairs, axis=1)
     chance = _overlap(loads[a], loads[b])
     return (near - chance) / (1 - chance) if chance < 1 else math.nan
+
+
+def kept_at_load(now: np.ndarray, after: np.ndarray, load: int) -> float:
+    """Share of the (forward, layer, expert) entries of `now` [S, L, E] with exactly `load`
+    tokens whose expert `after` (the same tokens' later forwards, row by row) routes to again;
+    nan without any."""
+    at = now == load
+    seen = int(at.sum())
+    return int((at & (after > 0)).sum()) / seen if seen else math.nan
+
+
+def _solo_kept(loads: np.ndarray, prompts: np.ndarray, blocks: np.ndarray, denoise: np.ndarray, lag: int) -> float:
+    if len(loads) <= lag:
+        return math.nan
+    ok = denoise[lag:] & denoise[:-lag] & (prompts[lag:] == prompts[:-lag]) & (blocks[lag:] == blocks[:-lag])
+    return kept_at_load(loads[:-lag][ok], loads[lag:][ok], 1) if ok.any() else math.nan
 
 
 def _affinity(loads: np.ndarray) -> float:
@@ -167,6 +186,7 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
         "prefill_overlap": _paired_correlation(pre_pop, pop),
         "unmask_redraw": _lag_overlap(loads, prompt, block, kind == "denoise", ar, LONG_LAG * period),
+        "solo_locality": _solo_kept(loads, prompt, block, kind == "denoise", period),
     }
 
 

@@ -34,11 +34,11 @@ RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "de
           "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0),
           "residual_hint_quality": (0.0, 1.0), "lognormal": (0.0, 1.0),
           "prefill_overlap": (0.0, 1.0), "unmask_redraw": (0.0, 1.0),
-          "hint_sharpness": (0.0, 8.0)}
+          "hint_sharpness": (0.0, 8.0), "solo_locality": (0.0, 0.99)}
 WHOLE = ("period", "lognormal")  # knobs that take whole numbers only
 # knobs that may be unset (None): left out of as_dict
 OPTIONAL = ("calibration_shared", "residual_hint_quality", "lognormal", "prefill_overlap", "unmask_redraw",
-            "hint_sharpness")
+            "hint_sharpness", "solo_locality")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ class RoutingRegime:
                   token used one denoising step earlier (block diffusion) or the previous
                   token used (autoregressive), at the same layer (temporal locality:
                   what caches and TIDE's refresh exploit).
+    solo_locality the same probability for a diffusion slot whose expert had that token alone
+                  at the step it would reuse from (0..0.99): a block's light experts come and
+                  go whole while its shared ones stay, which sets how fast a step's top-B set
+                  turns over (TIDE's drift; docs/routing-regimes.md). Unset: `locality` for
+                  every slot, the trace bit for bit as before the knob existed.
     decay         how that dependence fades with distance: a reuse comes from lag d
                   (1..MAX_LAG) with probability proportional to decay^(d-1) (0: only the
                   previous token/step).
@@ -150,6 +155,7 @@ class RoutingRegime:
     prefill_overlap: float | None = None
     unmask_redraw: float | None = None
     hint_sharpness: float | None = None
+    solo_locality: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -58,7 +58,7 @@ def test_fit_recovers_the_knobs_of_a_synthetic_trace(true: RoutingRegime) -> Non
     for knob, tol in TOLERANCE.items():
         assert abs(getattr(fitted, knob) - getattr(true, knob)) <= tol, (knob, fitted)
     # no forward of several tokens decoding in an AR trace, no denoising one
-    assert record["unfitted"] == ["cohesion", "unmasking", "unmask_redraw"]
+    assert record["unfitted"] == ["cohesion", "unmasking", "unmask_redraw", "solo_locality"]
 
 
 def test_generate_of_fit_reproduces_a_proxy_traces_statistics(tmp_path: Path) -> None:
