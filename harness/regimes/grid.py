@@ -18,7 +18,7 @@ from harness.job.setup import setup_run
 from harness.placement.trace import RoutingTrace
 from harness.routing.generate import Dims
 from harness.routing.named import anchor_of
-from harness.routing.params import RegimeFile, RoutingRegime
+from harness.routing.params import RANGES, RegimeFile, RoutingRegime
 from harness.routing.replayable import generate_with_calibration, mode_of
 from harness.traces.batch_replay import replay_trace
 from harness.traces.importing import model_geometry
@@ -102,6 +102,15 @@ def _steps(trace: RoutingTrace) -> int:
     return int(decode.get("steps", 32))
 
 
+def solo_at(anchor: RoutingRegime, locality: float) -> float | None:
+    """`solo_locality` at a grid point of this locality: the anchor's ratio to its locality
+    (unset stays unset; an anchor without reuse: the point's locality)."""
+    if anchor.solo_locality is None:
+        return None
+    ratio = anchor.solo_locality / anchor.locality if anchor.locality > 0 else 1.0
+    return min(RANGES["solo_locality"][1], locality * ratio)
+
+
 def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed: int = 0) -> list[Cell]:
     """Every grid point of one family under every system."""
     fitted = anchor(family)
@@ -116,6 +125,8 @@ def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed
             knobs["calibration_shared"] = None
             # and the skew axis is a Zipf exponent in every family (the anchor keeps its fitted shape)
             knobs["lognormal"] = None
+            # and a lone expert's reuse keeps its fitted share of the axis' reuse
+            knobs["solo_locality"] = solo_at(fitted.regime, point["locality"])
         regime = RegimeFile(replace(fitted.regime, **knobs), fitted.shape, {}, f"{family}_grid")
         any_cfg = next(iter(cfgs.values()))
         sizes = SIZES[_mode(family)]

@@ -16,7 +16,7 @@ import pytest
 from harness.common.errors import HarnessError
 from harness.routing.generate import Dims, Router, generate
 from harness.routing.moments import trace_moments
-from harness.routing.params import RoutingRegime, TraceShape
+from harness.routing.params import RANGES, RoutingRegime, TraceShape
 
 SMALL = Dims(4, 32, 4, {"num_experts_per_tok": 4}, "small")
 BLOCKS = TraceShape("block", [32] * 3, [96] * 3, 16, [[12] * 6] * 3)
@@ -70,3 +70,12 @@ def test_its_statistic_rises_with_it() -> None:
     kept = [trace_moments(generate(RoutingRegime(**{**BASE.as_dict(), "solo_locality": v}), BLOCKS, SMALL,
                                    seed=2))["solo_locality"] for v in (0.1, 0.5, 0.9)]
     assert all(b > a + 0.05 for a, b in itertools.pairwise(kept)), kept
+
+
+def test_the_regime_map_keeps_the_anchors_ratio_of_lone_to_all_reuse_along_its_locality_axis() -> None:
+    from harness.regimes.grid import solo_at
+
+    anchor = RoutingRegime(locality=0.8, solo_locality=0.4)
+    assert solo_at(anchor, 0.6) == pytest.approx(0.3)
+    assert solo_at(RoutingRegime(locality=0.5, solo_locality=0.9), 0.9) == RANGES["solo_locality"][1]  # capped
+    assert solo_at(RoutingRegime(locality=0.8), 0.6) is None
