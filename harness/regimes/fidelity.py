@@ -5,7 +5,7 @@ generates in the same shape (with generated calibration requests); then the rout
 statistics of both traces: the fit's (harness/routing/moments.py, at the regime's period) and
 a few of harness.traces.routing_stats' at B = a quarter of the experts, the entropy of the hints
 DALI reads, the top-B drift TIDE's tau* reads (systems/tide_tau.py), and how often an expert of
-load 1, 2, 3 is routed again the next denoising step.
+load 2 or 3 is routed again the next denoising step (load 1: the solo_locality statistic).
 
     python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0]
 """
@@ -39,7 +39,7 @@ COMMAND = KeyValueCommand(
 
 
 ROUTING_STATS = ("top_b_share", "top_b_share_step", "distinct_experts_per_layer_step", "popularity_cv")
-KEPT_LOADS = (1, 2, 3)  # kept_load<v>: how often an expert of load v is routed again the next step
+KEPT_LOADS = (2, 3)  # kept_load<v>: how often an expert of load v is routed again the next step (1: solo_locality)
 
 
 def kept_by_load(blocks: list[torch.Tensor], load: int) -> float:
