@@ -4,8 +4,9 @@ over the trace (with the calibration recorded beside it) and over the trace its 
 generates in the same shape (with generated calibration requests); then the routing
 statistics of both traces: the fit's (harness/routing/moments.py, at the regime's period) and
 a few of harness.traces.routing_stats' at B = a quarter of the experts, the entropy of the hints
-DALI reads, the top-B drift TIDE's tau* reads (systems/tide_tau.py), and how often an expert of
-load 2 or 3 is routed again the next denoising step (load 1: the solo_locality statistic).
+DALI reads, the top-B drift TIDE's tau* reads (systems/tide_tau.py), how much of a block the top-B
+set of its first step covers, and how often an expert of load 2 or 3 is routed again the next
+denoising step (load 1: the solo_locality statistic).
 
     python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0]
 """
@@ -28,7 +29,7 @@ from harness.routing.moments import dali_hint_rows, hint_entropy, kept_at_load, 
 from harness.routing.named import regime_file
 from harness.routing.replayable import generate_with_calibration
 from harness.traces.routing_stats import routing_statistics
-from systems.tide_tau import denoise_blocks, estimate_drift
+from systems.tide_tau import denoise_blocks, estimate_drift, top_b_mask
 
 COMMAND = KeyValueCommand(
     "python -m harness.regimes.fidelity", "each system's figures on a trace and on its fitted regime's routing",
@@ -51,6 +52,16 @@ def kept_by_load(blocks: list[torch.Tensor], load: int) -> float:
     now = np.concatenate([b[:-1].numpy() for b in blocks])
     after = np.concatenate([b[1:].numpy() for b in blocks])
     return kept_at_load(now, after, load)
+
+
+def first_step_cover(blocks: list[torch.Tensor], capacity: int) -> float:
+    """The share of a block's routed pairs after its first denoising step that fall on that
+    step's top-`capacity` experts, over blocks ([steps, L, E] each): what TIDE serves from a
+    refresh at a block's start when tau* spans the block (the masked state's experts are not
+    the content's: docs/routing-regimes.md)."""
+    held = [(top_b_mask(b[0], capacity), b[1:]) for b in blocks if b.shape[0] > 1]
+    routed = sum(int(later.sum()) for _, later in held)
+    return sum(int((later * top).sum()) for top, later in held) / routed if routed else math.nan
 
 
 def fidelity(trace_path: Path, regime: str, seed: int = 0) -> dict[str, dict[str, float]]:
@@ -84,6 +95,7 @@ def statistics(trace: RoutingTrace, generated: RoutingTrace, period: int) -> dic
                  "cosine_k1": (seen["cosine_by_k"] or [None])[0],
                  "hint_entropy": hint_entropy(hints) if hints is not None else None,
                  "top_b_drift": estimate_drift(blocks, b) if blocks else None,
+                 "first_step_cover": first_step_cover(blocks, b) if blocks else None,
                  **{f"kept_load{v}": kept_by_load(blocks, v) if blocks else None for v in KEPT_LOADS}}
         out.update({f"{k}{suffix}": float("nan") if v is None else float(v) for k, v in stats.items()})
     return out

@@ -102,13 +102,17 @@ def _steps(trace: RoutingTrace) -> int:
     return int(decode.get("steps", 32))
 
 
-def solo_at(anchor: RoutingRegime, locality: float) -> float | None:
-    """`solo_locality` at a grid point of this locality: the anchor's ratio to its locality
-    (unset stays unset; an anchor without reuse: the point's locality)."""
-    if anchor.solo_locality is None:
+LOCALITY_SHARES = ("solo_locality", "masked_locality")  # reuse knobs that follow the locality axis
+
+
+def reuse_at(anchor: RoutingRegime, knob: str, locality: float) -> float | None:
+    """A reuse knob of LOCALITY_SHARES at a grid point of this locality: the anchor's ratio of
+    it to its locality (unset stays unset; an anchor without reuse: the point's locality)."""
+    value = getattr(anchor, knob)
+    if value is None:
         return None
-    ratio = anchor.solo_locality / anchor.locality if anchor.locality > 0 else 1.0
-    return min(RANGES["solo_locality"][1], locality * ratio)
+    ratio = value / anchor.locality if anchor.locality > 0 else 1.0
+    return min(RANGES[knob][1], locality * ratio)
 
 
 def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed: int = 0) -> list[Cell]:
@@ -125,8 +129,8 @@ def family_cells(family: str, systems: tuple[str, ...] = (*SINGLE, *MULTI), seed
             knobs["calibration_shared"] = None
             # and the skew axis is a Zipf exponent in every family (the anchor keeps its fitted shape)
             knobs["lognormal"] = None
-            # and a lone expert's reuse keeps its fitted share of the axis' reuse
-            knobs["solo_locality"] = solo_at(fitted.regime, point["locality"])
+            # and a lone expert's reuse, and a masked token's, keep their fitted share of the axis' reuse
+            knobs.update({k: reuse_at(fitted.regime, k, point["locality"]) for k in LOCALITY_SHARES})
         regime = RegimeFile(replace(fitted.regime, **knobs), fitted.shape, {}, f"{family}_grid")
         any_cfg = next(iter(cfgs.values()))
         sizes = SIZES[_mode(family)]

@@ -7,6 +7,9 @@ concentrates a request's popularity, affinity also repeats experts over time).
 `hint_quality` and `residual_hint_quality` are read off the trace's hints of each channel directly,
 `period` off its overlap at lags 1..4, and `hint_sharpness` last, against the fitted knobs:
 the power that gives the generated hints the entropy of the trace's (the channel DALI reads).
+`mask_overlap` and `masked_locality` are not searched: their statistics are read and recorded
+(target and reached), but fitted with the others they moved mini's systems further from the
+trace, not closer (docs/routing-regimes.md); a regime file sets them by hand.
 """
 
 from __future__ import annotations

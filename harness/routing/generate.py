@@ -22,6 +22,9 @@ after forced slots (and, with `unmask_redraw`, per-token redraws):
   redraw    with `unmask_redraw` set, each token of a block is unmasked at a step drawn
             uniformly over the block's steps; at the first forward after it, with probability
             unmask_redraw, the token reuses nothing and from then on only what it routed since
+  masked    with `mask_overlap` set, a still-masked token draws (and the anchor set is drawn)
+            from the masked state's popularity instead of the decoding one; with
+            `masked_locality` set, a still-masked token's slots reuse with that probability
 
 The hints: each channel q x layer l+1's true load + (1 - q) x its expectation under the
 request's popularity (raised to `hint_sharpness` when that is set).
@@ -53,6 +56,7 @@ from harness.traces.serving import PER_PROMPT_TOKENS
 FORCED_REUSE, FORCED_COHESION, FORCED_AFFINITY = 1e6, 1e4, 1e2  # added to forced experts' scores, in precedence
 PREFILL_STREAM = 1  # the prefill's own rankings come from Generator((seed, PREFILL_STREAM))
 UNMASK_STREAM = 2  # the tokens' unmask steps and redraws come from Generator((seed, UNMASK_STREAM))
+MASK_STREAM = 3  # the masked state's own rankings (`mask_overlap`) come from Generator((seed, MASK_STREAM))
 NO_REDRAW = 1 << 30  # `Unmasked.since` of a token that has not redrawn: all its history usable
 UNMASKED_PER_STEP = 0.5  # share of a block's still-masked tokens each denoising step leaves masked
 
@@ -139,36 +143,43 @@ class Router:
         def popularity(s: float) -> np.ndarray:
             return np.log(mixed(popularity_weights(E, s, bool(regime.lognormal)), glob, own)).astype(np.float32)
 
-        self.decode_logp = popularity(regime.skew)
-        if regime.prefill_overlap is None:
-            self.prefill_logp = popularity(regime.prefill_skew)
-        else:  # the prefill's own rankings, from a generator of their own: the routing's draws stay as they were
-            w = popularity_weights(E, regime.prefill_skew, bool(regime.lognormal))
-            c = regime.prefill_overlap
-            ranks = np.random.default_rng((seed, PREFILL_STREAM))
+        def apart(s: float, overlap: float, stream: int) -> np.ndarray:
+            """overlap x the decoding rankings' popularity + (1 - overlap) x rankings of its own,
+            from a generator of their own: the routing's draws stay as they were."""
+            w = popularity_weights(E, s, bool(regime.lognormal))
+            ranks = np.random.default_rng((seed, stream))
             own_glob = ranks.permuted(np.broadcast_to(np.arange(E), (L, E)).copy(), axis=-1)
             own_req = ranks.permuted(np.broadcast_to(np.arange(E), (n_requests, L, E)).copy(), axis=-1)
-            prefill = c * mixed(w, glob, own) + (1 - c) * mixed(w, own_glob, own_req)
-            self.prefill_logp = np.log(prefill).astype(np.float32)
+            both = overlap * mixed(w, glob, own) + (1 - overlap) * mixed(w, own_glob, own_req)
+            return np.log(both).astype(np.float32)
+
+        self.decode_logp = popularity(regime.skew)
+        self.prefill_logp = popularity(regime.prefill_skew) if regime.prefill_overlap is None \
+            else apart(regime.prefill_skew, regime.prefill_overlap, PREFILL_STREAM)
+        mask = regime.mask_overlap  # the masked state's popularity; None: the decoding one
+        self.masked_logp = None if mask is None else apart(regime.skew, mask, MASK_STREAM)
         lags = regime.decay ** np.arange(MAX_LAG)
         self.lag_weights = [lags[:n] / lags[:n].sum() for n in range(1, MAX_LAG + 1)]
         self.period = int(regime.period)
         self.memory = MAX_LAG * self.period  # the earlier tokens/steps a reuse may come from
         self.unmask_rng = None if regime.unmask_redraw is None else np.random.default_rng((seed, UNMASK_STREAM))
 
-    def _reuse_probability(self, stacked: np.ndarray, lag: np.ndarray, cand: np.ndarray, same_tokens: bool
-                           ) -> float | np.ndarray:
+    def _reuse_probability(self, stacked: np.ndarray, lag: np.ndarray, cand: np.ndarray, same_tokens: bool,
+                           unmasked: Unmasked | None) -> float | np.ndarray:
         """Per slot: `locality`, or `solo_locality` where the expert it would reuse had only
-        that token at the source step (the same random numbers either way: unset, or equal
-        to locality, is the trace bit for bit)."""
+        that token at the source step, or `masked_locality` for a token still masked (the same
+        random numbers either way: unset, or equal to locality, is the trace bit for bit)."""
         regime = self.regime
-        if regime.solo_locality is None or not same_tokens:
-            return regime.locality
-        D, n, L, k = stacked.shape
-        E = self.dims.n_experts
-        loads = counts(stacked.transpose(1, 0, 2, 3).reshape(n, D * L, k), E).reshape(D, L, E)
-        solo = loads[lag, np.arange(L)[None, :, None], cand] == 1
-        return np.where(solo, regime.solo_locality, regime.locality)
+        prob: float | np.ndarray = regime.locality
+        if regime.solo_locality is not None and same_tokens:
+            D, n, L, k = stacked.shape
+            E = self.dims.n_experts
+            loads = counts(stacked.transpose(1, 0, 2, 3).reshape(n, D * L, k), E).reshape(D, L, E)
+            solo = loads[lag, np.arange(L)[None, :, None], cand] == 1
+            prob = np.where(solo, regime.solo_locality, regime.locality)
+        if regime.masked_locality is not None and unmasked is not None:
+            prob = np.where(unmasked.masked[:, None, None], regime.masked_locality, prob)
+        return prob
 
     def _ranks(self, shape: tuple[int, ...]) -> np.ndarray:
         return self.rng.permuted(np.broadcast_to(np.arange(shape[-1]), shape).copy(), axis=-1)
@@ -182,15 +193,22 @@ class Router:
                 self.unmask_rng.random(n) < float(self.regime.unmask_redraw or 0.0))
 
     def route(self, logp: np.ndarray, n: int, sources: list[np.ndarray], step: int = 0,
-              unmasked: Unmasked | None = None, same_tokens: bool = False) -> np.ndarray:
+              unmasked: Unmasked | None = None, same_tokens: bool = False,
+              masked_logp: np.ndarray | None = None) -> np.ndarray:
         """int64 [n, L, k]: n tokens' experts; logp [L, E] (every token's) or [n, L, E];
         sources: each token's experts at the earlier steps, newest first ([n, L, k] each);
         step: the forward's denoising step in its block (cohesion fades by `unmasking`);
         unmasked: the tokens' states under per-token unmasking (else the step schedule);
         same_tokens: the sources are these tokens' earlier forwards (a diffusion block), so
-        an expert's count among them is its load there (`solo_locality`)."""
+        an expert's count among them is its load there (`solo_locality`);
+        masked_logp: [L, E], the masked state's popularity (`mask_overlap`): the still-masked
+        tokens' and the anchor set's under per-token unmasking."""
         k, (L, E) = self.dims.top_k, logp.shape[-2:]
         rng, regime = self.rng, self.regime
+        anchor_logp = logp if logp.ndim == 2 else logp[0]
+        if masked_logp is not None and unmasked is not None:  # masked tokens (and the anchor) by the masked state's
+            anchor_logp = masked_logp
+            logp = np.where(unmasked.masked[:, None, None], masked_logp[None], logp if logp.ndim == 3 else logp[None])
         u = rng.random((n, L, E), dtype=np.float32)
         scores = (logp if logp.ndim == 3 else logp[None]) - np.log(-np.log(np.clip(u, 1e-12, 1 - 1e-7)))
         avail = sources[self.period - 1::self.period][:MAX_LAG]
@@ -204,13 +222,13 @@ class Router:
                 lag = np.minimum(lag, np.maximum(usable - 1, 0)[:, None, None])
             stacked = np.stack(avail)  # [D, n, L, k]
             cand = stacked[lag, np.arange(n)[:, None, None], np.arange(L)[None, :, None], slot]
-            keep = rng.random((n, L, k)) < self._reuse_probability(stacked, lag, cand, same_tokens)
+            keep = rng.random((n, L, k)) < self._reuse_probability(stacked, lag, cand, same_tokens, unmasked)
             if unmasked is not None:
                 keep &= (usable >= 1)[:, None, None]
             scores = _force(scores, cand, keep, FORCED_REUSE)
         if n > 1 and regime.cohesion > 0:  # the forward's anchor set, shared by its tokens
             g = -np.log(-np.log(np.clip(rng.random((L, E), dtype=np.float32), 1e-12, 1 - 1e-7)))
-            anchor = _top_k((logp if logp.ndim == 2 else logp[0]) + g, k)  # [L, k]
+            anchor = _top_k(anchor_logp + g, k)  # [L, k]
             slot = rng.integers(k, size=(n, L, k))
             cand = np.take_along_axis(np.broadcast_to(anchor[None], (n, L, k)), slot, -1)
             if unmasked is None:  # the share of the block's tokens unmasked by step `step`
@@ -324,17 +342,18 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
                 router.route(router.prefill_logp[r], p, [], lb), router.prefill_logp[r], dims)
         encoded = p
     n_blocks = shape.n_blocks(r)
+    masked = None if router.masked_logp is None else router.masked_logp[r]
     for i, steps in enumerate(shape.steps[r]):
         block = first + i if shape.mode == "block" else i
         history: list[np.ndarray] = []
         schedule = router.unmask_schedule(lb, steps)
         for s in range(steps):
-            ids = router.route(router.decode_logp[r], lb, history, s, _states(schedule, s), same_tokens=True)
+            ids = router.route(router.decode_logp[r], lb, history, s, _states(schedule, s), True, masked)
             history = [ids, *history[:router.memory - 1]]
             sim.add(StepInfo(r, block, s, len(sim.steps), i == 0, "denoise"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
         if i + 1 < n_blocks:  # the finished block's commit: its tokens one step on
-            ids = router.route(router.decode_logp[r], lb, history, steps, _states(schedule, steps), same_tokens=True)
+            ids = router.route(router.decode_logp[r], lb, history, steps, _states(schedule, steps), True, masked)
             sim.add(StepInfo(r, block, steps, len(sim.steps), i == 0, "commit"), lb, encoded + lb, ids,
                     router.decode_logp[r], dims)
             encoded += lb

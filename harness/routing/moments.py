@@ -31,6 +31,12 @@
   solo_locality the share of a denoising forward's experts with one token that the block's
                 forward `period` later routes to again (kept_at_load 1); nan without
                 denoising forwards
+  mask_overlap  Pearson correlation of a request's popularity over its blocks' first
+                denoising forwards (all tokens masked) with that over their last ones (nearly
+                all unmasked), mean over requests and layers; nan without blocks of two steps
+  masked_locality  the locality statistic between each block's first denoising forward and
+                the one `period` after it (the tokens still masked but a few); nan without
+                denoising forwards
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from harness.routing.params import TraceShape
 from harness.traces.serving import PER_PROMPT_TOKENS
 
 MOMENTS = ("skew", "shared", "locality", "decay", "affinity", "cohesion", "unmasking", "prefill_skew",
-           "prefill_overlap", "unmask_redraw", "solo_locality")
+           "prefill_overlap", "unmask_redraw", "solo_locality", "mask_overlap", "masked_locality")
 LONG_LAG = 8  # unmask_redraw's statistic: the overlap this many forwards (x period) apart
 
 
@@ -66,14 +72,16 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _lag_overlap(loads: np.ndarray, prompts: np.ndarray, blocks: np.ndarray, decoding: np.ndarray,
-                 ar: np.ndarray, lag: int) -> float:
+                 ar: np.ndarray, lag: int, earlier: np.ndarray | None = None) -> float:
     """Overlap `lag` forwards apart beyond chance: (overlap - chance) / (1 - chance), chance
     the overlap of each decoding forward with one half a request's decoding away (order lost,
-    popularity kept)."""
+    popularity kept); `earlier` given, only from the forwards it marks."""
     if len(loads) <= lag:
         return math.nan
     ok = decoding[lag:] & decoding[:-lag] & (prompts[lag:] == prompts[:-lag]) \
         & (ar[lag:] | (blocks[lag:] == blocks[:-lag]))
+    if earlier is not None:
+        ok &= earlier[:-lag]
     if not ok.any():
         return math.nan
     near = _overlap(loads[lag:][ok], loads[:-lag][ok])
@@ -122,21 +130,38 @@ def _affinity(loads: np.ndarray) -> float:
     return cosine(np.einsum("sle,lef->slf", test[:, :-1], co)) - cosine(popular)
 
 
-def _unmasking(loads: np.ndarray, kind: np.ndarray, prompt: np.ndarray, block: np.ndarray,
-               tokens: np.ndarray) -> float:
+def _block_ends(denoise: np.ndarray, prompt: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bool [S] each: the forwards that are a block's first denoising step, and its last (of
+    blocks with at least two), forwards in order."""
+    rows = np.flatnonzero(denoise)
+    first, last = np.zeros(len(denoise), dtype=bool), np.zeros(len(denoise), dtype=bool)
+    by_block: dict[tuple[int, int], list[int]] = {}
+    for i in rows:
+        by_block.setdefault((int(prompt[i]), int(block[i])), []).append(int(i))
+    for steps in by_block.values():
+        first[steps[0]] = True
+        if len(steps) > 1:
+            last[steps[-1]] = True
+    return first, last
+
+
+def _unmasking(loads: np.ndarray, denoise: np.ndarray, first: np.ndarray, tokens: np.ndarray) -> float:
     """Entropy of each block's denoising forwards after its first minus the first's."""
-    rows = np.flatnonzero((kind == "denoise") & (tokens > 1))
-    keys = list(zip(prompt[rows].tolist(), block[rows].tolist(), strict=True))
-    first = np.zeros(len(rows), dtype=bool)
-    seen: set[tuple[int, int]] = set()
-    for i, key in enumerate(keys):  # forwards in order: a block's first step is its first seen
-        first[i] = key not in seen
-        seen.add(key)
-    late = ~first
+    many = denoise & (tokens > 1)
+    late = many & ~first
     if not late.any():
         return math.nan
     E = loads.shape[-1]
-    return _entropy(loads[rows[late]].reshape(-1, E)) - _entropy(loads[rows[first]].reshape(-1, E))
+    return _entropy(loads[late].reshape(-1, E)) - _entropy(loads[many & first].reshape(-1, E))
+
+
+def _mask_overlap(loads: np.ndarray, prompt: np.ndarray, first: np.ndarray, last: np.ndarray) -> float:
+    """Correlation of each request's first-step popularity with its last-step one."""
+    if not last.any():
+        return math.nan
+    ids = sorted(set(prompt[last].tolist()))
+    pops = [np.stack([loads[rows & (prompt == p)].sum(0) for p in ids]).astype(np.float64) for rows in (first, last)]
+    return _paired_correlation(*pops)
 
 
 PERIOD_MARGIN = 0.02  # how much more the overlap two forwards apart must be for period 2
@@ -175,6 +200,8 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         off = corr[:, ~np.eye(len(ids), dtype=bool)]
         shared = float(np.nanmean(off)) if np.isfinite(off).any() else math.nan
     block = np.array(blocks)
+    denoise = kind == "denoise"
+    first, last = _block_ends(denoise, prompt, block)
     return {
         "skew": _entropy(pop.reshape(-1, pop.shape[-1])),
         "shared": shared,
@@ -182,11 +209,14 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         "decay": _lag_overlap(loads, prompt, block, decoding, ar, 2 * period),
         "affinity": _affinity(loads[decoding]),
         "cohesion": _entropy(loads[decoding & (np.array(tokens) > 1)].reshape(-1, loads.shape[-1])),
-        "unmasking": _unmasking(loads, kind, prompt, block, np.array(tokens)),
+        "unmasking": _unmasking(loads, denoise, first, np.array(tokens)),
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
         "prefill_overlap": _paired_correlation(pre_pop, pop),
-        "unmask_redraw": _lag_overlap(loads, prompt, block, kind == "denoise", ar, LONG_LAG * period),
-        "solo_locality": _solo_kept(loads, prompt, block, kind == "denoise", period),
+        "unmask_redraw": _lag_overlap(loads, prompt, block, denoise, ar, LONG_LAG * period),
+        "solo_locality": _solo_kept(loads, prompt, block, denoise, period),
+        "mask_overlap": _mask_overlap(loads, prompt, first, last),
+        "masked_locality": _lag_overlap(loads, prompt, block, denoise, ar, period, first)
+        if denoise.any() else math.nan,
     }
 
 

@@ -34,11 +34,13 @@ RANGES = {"skew": (0.0, 4.0), "shared": (0.0, 1.0), "locality": (0.0, 0.99), "de
           "gate_concentration": (1e-3, 1e3), "period": (1.0, 2.0), "calibration_shared": (0.0, 1.0),
           "residual_hint_quality": (0.0, 1.0), "lognormal": (0.0, 1.0),
           "prefill_overlap": (0.0, 1.0), "unmask_redraw": (0.0, 1.0),
-          "hint_sharpness": (0.0, 8.0), "solo_locality": (0.0, 0.99)}
+          "hint_sharpness": (0.0, 8.0), "solo_locality": (0.0, 0.99), "mask_overlap": (0.0, 1.0),
+          "masked_locality": (0.0, 0.99)}
 WHOLE = ("period", "lognormal")  # knobs that take whole numbers only
 # knobs that may be unset (None): left out of as_dict
 OPTIONAL = ("calibration_shared", "residual_hint_quality", "lognormal", "prefill_overlap", "unmask_redraw",
-            "hint_sharpness", "solo_locality")
+            "hint_sharpness", "solo_locality", "mask_overlap", "masked_locality")
+PER_TOKEN = ("mask_overlap", "masked_locality")  # knobs of a token's masked state: they need `unmask_redraw`
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,22 @@ class RoutingRegime:
                   about linearly with their distance, as LLaDA2's does (docs/routing-regimes.md),
                   instead of geometrically. Unset: cohesion by the step schedule above and no
                   redraws, the trace bit for bit as before the knob existed.
+    mask_overlap  how much a block's masked tokens route like its unmasked ones (0..1; needs
+                  `unmask_redraw`): a masked token's popularity, and the forward's anchor set
+                  (`cohesion`), is mask_overlap x the decoding rankings' + (1 - mask_overlap) x
+                  rankings of the masked state's own (shared and per request, mixed by `shared`,
+                  at `skew`; a seeded stream of their own). A window of mask tokens is one input
+                  the model sees again at every block, not the content it unmasks into, so the
+                  experts of a block's first step are not the ones of its last (LLaDA2: the top-8
+                  of a block's first and last steps share 0.07 of their union, what two requests
+                  share) and the set TIDE refreshes at a block's start covers less and less of
+                  it (docs/routing-regimes.md). Unset: 1, the decoding rankings, as before.
+                  Not searched by `fit` (with it mini's fitted systems came out further off).
+    masked_locality  `locality` of a slot of a token still masked (0..0.99; needs
+                  `unmask_redraw`): how much a masked token's experts turn over from one step to
+                  the next while the tokens around it are unmasked (LLaDA2: as much as an
+                  unmasked token's). Unset: `locality` (and `solo_locality`), as before. Not
+                  searched by `fit`, as `mask_overlap`.
     affinity      probability that one of a token's free slots at layer l+1 takes the
                   expert a fixed per-layer map assigns to one of its layer-l experts
                   (cross-layer predictability: what DALI's prefetch and ExFlow-style
@@ -156,6 +174,8 @@ class RoutingRegime:
     unmask_redraw: float | None = None
     hint_sharpness: float | None = None
     solo_locality: float | None = None
+    mask_overlap: float | None = None
+    masked_locality: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -170,6 +190,10 @@ class RoutingRegime:
             if f.name in WHOLE and value != int(value):
                 raise HarnessError(f"routing knob {f.name}={value!r} must be a whole number in [{low:g}, {high:g}] "
                                    "(docs/routing-regimes.md)")
+        for name in PER_TOKEN:
+            if getattr(self, name) is not None and self.unmask_redraw is None:
+                raise HarnessError(f"routing knob {name} acts on a token's masked state: set unmask_redraw too "
+                                   "(per-token unmasking, docs/routing-regimes.md)")
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: float(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}

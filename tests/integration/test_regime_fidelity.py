@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.regimes.fidelity import fidelity, kept_by_load, main
+from harness.regimes.fidelity import fidelity, first_step_cover, kept_by_load, main
 from harness.routing.generate import Dims
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
 from harness.routing.replayable import generate_with_calibration
@@ -57,3 +57,10 @@ def test_kept_by_load_counts_the_experts_of_a_load_routed_again_the_next_step() 
     assert kept_by_load([block], 1) == pytest.approx(1 / 4)
     assert kept_by_load([block], 2) == 1.0  # expert 1 at step 0; the last step has no next
     assert math.isnan(kept_by_load([block], 5))
+
+
+def test_first_step_cover_is_the_share_of_a_blocks_later_pairs_on_its_first_steps_top_b() -> None:
+    block = torch.tensor([[[2, 1, 0, 0]], [[1, 1, 1, 0]], [[0, 2, 0, 1]]])  # [steps, layers, experts]
+    assert first_step_cover([block], 1) == pytest.approx(1 / 6)  # expert 0: 1 of step 1's 3, 0 of step 2's 3
+    assert first_step_cover([block], 2) == pytest.approx(4 / 6)  # experts 0 and 1
+    assert math.isnan(first_step_cover([block[:1]], 2))  # one step: nothing after it

@@ -73,9 +73,10 @@ def test_its_statistic_rises_with_it() -> None:
 
 
 def test_the_regime_map_keeps_the_anchors_ratio_of_lone_to_all_reuse_along_its_locality_axis() -> None:
-    from harness.regimes.grid import solo_at
+    from harness.regimes.grid import reuse_at
 
     anchor = RoutingRegime(locality=0.8, solo_locality=0.4)
-    assert solo_at(anchor, 0.6) == pytest.approx(0.3)
-    assert solo_at(RoutingRegime(locality=0.5, solo_locality=0.9), 0.9) == RANGES["solo_locality"][1]  # capped
-    assert solo_at(RoutingRegime(locality=0.8), 0.6) is None
+    assert reuse_at(anchor, "solo_locality", 0.6) == pytest.approx(0.3)
+    capped = RoutingRegime(locality=0.5, solo_locality=0.9)
+    assert reuse_at(capped, "solo_locality", 0.9) == RANGES["solo_locality"][1]
+    assert reuse_at(RoutingRegime(locality=0.8), "solo_locality", 0.6) is None
