@@ -131,28 +131,33 @@ def _affinity(loads: np.ndarray) -> float:
 
 
 def _block_ends(denoise: np.ndarray, prompt: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """bool [S] each: the forwards that are a block's first denoising step, and its last (of
-    blocks with at least two), forwards in order."""
-    rows = np.flatnonzero(denoise)
+    """bool [S] each: the forwards that are a block's first denoising step, and its last, of
+    the blocks with at least two (forwards in order)."""
     first, last = np.zeros(len(denoise), dtype=bool), np.zeros(len(denoise), dtype=bool)
     by_block: dict[tuple[int, int], list[int]] = {}
-    for i in rows:
+    for i in np.flatnonzero(denoise):
         by_block.setdefault((int(prompt[i]), int(block[i])), []).append(int(i))
     for steps in by_block.values():
-        first[steps[0]] = True
         if len(steps) > 1:
-            last[steps[-1]] = True
+            first[steps[0]], last[steps[-1]] = True, True
     return first, last
 
 
-def _unmasking(loads: np.ndarray, denoise: np.ndarray, first: np.ndarray, tokens: np.ndarray) -> float:
+def _unmasking(loads: np.ndarray, kind: np.ndarray, prompt: np.ndarray, block: np.ndarray,
+               tokens: np.ndarray) -> float:
     """Entropy of each block's denoising forwards after its first minus the first's."""
-    many = denoise & (tokens > 1)
-    late = many & ~first
+    rows = np.flatnonzero((kind == "denoise") & (tokens > 1))
+    keys = list(zip(prompt[rows].tolist(), block[rows].tolist(), strict=True))
+    first = np.zeros(len(rows), dtype=bool)
+    seen: set[tuple[int, int]] = set()
+    for i, key in enumerate(keys):  # forwards in order: a block's first step is its first seen
+        first[i] = key not in seen
+        seen.add(key)
+    late = ~first
     if not late.any():
         return math.nan
     E = loads.shape[-1]
-    return _entropy(loads[late].reshape(-1, E)) - _entropy(loads[many & first].reshape(-1, E))
+    return _entropy(loads[rows[late]].reshape(-1, E)) - _entropy(loads[rows[first]].reshape(-1, E))
 
 
 def _mask_overlap(loads: np.ndarray, prompt: np.ndarray, first: np.ndarray, last: np.ndarray) -> float:
@@ -209,7 +214,7 @@ def moments(loads: np.ndarray, kinds: list[str], prompts: list[int], blocks: lis
         "decay": _lag_overlap(loads, prompt, block, decoding, ar, 2 * period),
         "affinity": _affinity(loads[decoding]),
         "cohesion": _entropy(loads[decoding & (np.array(tokens) > 1)].reshape(-1, loads.shape[-1])),
-        "unmasking": _unmasking(loads, denoise, first, np.array(tokens)),
+        "unmasking": _unmasking(loads, kind, prompt, block, np.array(tokens)),
         "prefill_skew": _entropy(pre_pop.reshape(-1, pre_pop.shape[-1])) if (kind == "prefill").any() else math.nan,
         "prefill_overlap": _paired_correlation(pre_pop, pop),
         "unmask_redraw": _lag_overlap(loads, prompt, block, denoise, ar, LONG_LAG * period),
