@@ -1,8 +1,9 @@
-"""`python -m harness.regimes [families=...] [out=outputs/regimes] [tracking=true]`: the regime
-map (docs/routing-regimes.md). Per family, routing generated at every point of locality x
+"""`python -m harness.regimes [families=...] [out=outputs/regimes] [tracking=true] [jobs=0]`: the
+regime map (docs/routing-regimes.md). Per family, routing generated at every point of locality x
 skew x shared (4 x 3 x 2, plus the family's fitted anchor, conf/routing/<family>_fit.yaml),
-replayed in this process under every single-GPU system and gem vs ep_linear (topology=multi,
-lock-step batches); writes regimes.json (every figure), regimes.md (winners, flips, where
+replayed under every single-GPU system and gem vs ep_linear (topology=multi, lock-step
+batches), the families side by side in worker processes (harness/common/workers.py; jobs=1:
+one after another in this process); writes regimes.json (every figure), regimes.md (winners, flips, where
 each paper claim holds) and per-family heatmaps (PNG, SVG), and logs them to MLflow as
 artifacts of one run (experiment "routing-regimes"). Figures are modeled.
 """
@@ -13,11 +14,13 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from harness.common.errors import HarnessError, exit_with
 from harness.common.files import write_atomic
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.common.workers import in_workers, worker_count
 from harness.regimes.grid import FAMILIES, LOCALITY, SHARED, SKEW, Cell, family_cells
 from harness.regimes.maps import claims, flips, grid_cells, margin, plot_family, winner
 from harness.tracking.mlflow_store import default_artifact_root, ensure_experiment, open_store
@@ -28,7 +31,8 @@ COMMAND = KeyValueCommand(
     [Option("families", "comma-separated models", ",".join(FAMILIES)),
      Option("out", "where the map goes", "outputs/regimes"),
      Option("seed", "the generator's seed", "0"),
-     Option("tracking", "log the map to MLflow (true | false)", "true")],
+     Option("tracking", "log the map to MLflow (true | false)", "true"),
+     Option("jobs", "worker processes, whole families each (0: one per core; 1: in this process)", "0")],
     example="python -m harness.regimes families=mixtral out=outputs/regimes")
 
 
@@ -85,21 +89,33 @@ def main(argv: list[str]) -> int:
         raise HarnessError(f"families={args['families']!r}: use some of {', '.join(FAMILIES)}")
     if args["tracking"] not in ("true", "false"):
         raise HarnessError(f"tracking={args['tracking']!r} must be true or false")
-    paths = build(families, Path(args["out"]), int(args["seed"]))
+    if not args["jobs"].isdigit():
+        raise HarnessError(f"jobs={args['jobs']!r} must be a whole number >= 0 (0: one worker process per core)")
+    paths = build(families, Path(args["out"]), int(args["seed"]), int(args["jobs"]))
     if args["tracking"] == "true":
         print(f"mlflow run {log_mlflow(paths, {'families': float(len(families))})} (experiment routing-regimes)")
     return 0
 
 
-def build(families: list[str], out: Path, seed: int = 0) -> list[Path]:
-    """Every family's cells, heatmaps, regimes.md and regimes.json under `out`."""
+def build(families: list[str], out: Path, seed: int = 0, jobs: int = 1) -> list[Path]:
+    """Every family's cells, heatmaps, regimes.md and regimes.json under `out`; the families
+    side by side in `jobs` worker processes (0: one per core), the same files either way."""
     start = time.perf_counter()
-    every: dict[str, list[Cell]] = {}
-    paths: list[Path] = []
-    for family in families:
-        every[family] = family_cells(family, seed=seed)
-        paths += plot_family(family, every[family], out)
-        print(f"regime map: {family}, {len(every[family])} regime points ({time.perf_counter() - start:.0f} s)")
+
+    def progress(cells: list[Cell]) -> None:
+        print(f"regime map: {cells[0].family}, {len(cells)} regime points ({time.perf_counter() - start:.0f} s)")
+
+    cells_of = partial(family_cells, seed=seed)
+    workers = worker_count(jobs, len(families))
+    if workers == 1:
+        found = []
+        for family in families:
+            found.append(cells_of(family))
+            progress(found[-1])
+    else:
+        found = in_workers(families, cells_of, workers, name="regime map", unit="family", done=progress)
+    every = dict(zip(families, found, strict=True))
+    paths = [path for family, cells in every.items() for path in plot_family(family, cells, out)]
     text = "# Regime map (generated routing; modeled figures)\n\n" + "\n".join(markdown(f, c) for f, c in every.items())
     data = {f: [asdict(c) for c in cells] for f, cells in every.items()}
     paths.append(write_atomic(out / "regimes.md", lambda fh: fh.write(text.encode())))

@@ -200,7 +200,7 @@ def test_ctrl_c_during_a_parallel_sensitivity_ends_its_workers(proxy_cache, tiny
 
 CTRL_C_WHILE_THE_SECOND_WORKER_STARTS = """
 import multiprocessing.context, sys
-from harness.sensitivity import workers
+from harness.common.workers import in_workers
 
 started = []
 real_start = multiprocessing.context.SpawnProcess.start
@@ -212,9 +212,8 @@ def start(self):  # Ctrl-C lands while the second worker starts
     real_start(self)
 
 multiprocessing.context.SpawnProcess.start = start
-workers.cell_size = lambda cell: 0
-try:  # two cells of 300 kB: more than the tasks' pipe holds, so its feeder blocks without a reader
-    workers._in_workers([b"x" * 300_000, b"y" * 300_000], None, 2, lambda result: None)
+try:  # two pieces of 300 kB: more than the tasks' pipe holds, so its feeder blocks without a reader
+    in_workers([b"x" * 300_000, b"y" * 300_000], len, 2, name="sensitivity", unit="cell")
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)

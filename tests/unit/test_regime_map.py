@@ -51,3 +51,14 @@ def test_each_paper_claim_holds_only_where_its_rule_says() -> None:
 def test_the_grid_is_4_by_3_by_2_plus_the_anchor() -> None:
     grid = points(RoutingRegime(locality=0.42))
     assert len(grid) == 25 and grid[-1] == {"locality": 0.42, "skew": 1.0, "shared": 0.5, "anchor": 1.0}
+
+
+def test_bad_options_are_one_line_errors_before_any_work(tmp_path) -> None:
+    from harness.common.errors import HarnessError
+    from harness.regimes.__main__ import main
+
+    with pytest.raises(HarnessError, match="families='nope': use some of mini"):
+        main(["families=nope", f"out={tmp_path}"])
+    with pytest.raises(HarnessError, match=r"jobs='two' must be a whole number >= 0"):
+        main(["families=mixtral", "jobs=two", f"out={tmp_path}"])
+    assert not any(tmp_path.iterdir())

@@ -7,11 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import queue
 import re
-import signal
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -255,40 +251,6 @@ def test_the_command_refuses_bad_arguments_in_one_line(tmp_path):
         sensitivity_main([f"sweep={tmp_path}", "jobs=two"])
     with pytest.raises(HarnessError, match="tracking='no' must be true or false"):
         sensitivity_main([f"sweep={tmp_path}", "tracking=no"])
-
-
-def test_a_worker_that_dies_ends_the_analysis_in_one_line():
-    """A worker killed (out of memory) never answers: the parent notices and names the fix."""
-    from harness.sensitivity.workers import _next_answer
-
-    class Killed:
-        exitcode = -9
-
-    with pytest.raises(HarnessError, match=r"worker died \(exit code -9.*jobs=1"):
-        _next_answer(queue.Queue(), [Killed()])
-
-
-def test_workers_are_one_per_core_and_never_more_than_the_cells():
-    from harness.sensitivity.workers import usable_cores, worker_count
-
-    assert worker_count(0, 100) == usable_cores()
-    assert worker_count(0, 1) == 1 and worker_count(8, 3) == 3 and worker_count(1, 4) == 1
-
-
-def test_sigterm_while_workers_run_exits_143_through_the_cleanup():
-    """SIGTERM becomes SystemExit(143) while the parent waits for its workers, so that the
-    `finally` that ends them runs (the integration test drives Ctrl-C through the same way out)."""
-    from harness.sensitivity.workers import _on_sigterm_exit
-
-    previous = _on_sigterm_exit()
-    assert previous is not None  # pytest runs tests on the main thread
-    try:
-        with pytest.raises(SystemExit) as info:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(2)  # the handler runs between two bytecodes of this thread
-        assert info.value.code == 143
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def test_the_tornado_label_names_the_contenders_measured_not_the_winner():
