@@ -41,12 +41,12 @@ def worker_count(jobs: int, n_pieces: int) -> int:
 
 def in_workers(pieces: Sequence[Any], work: Callable[[Any], Any], workers: int, *, name: str, unit: str,
                order: Sequence[int] | None = None, done: Callable[[Any], None] = lambda result: None,
-               label: Callable[[Any], str] = str) -> list[Any]:
+               label: Callable[[Any], str] = str, units: str = "") -> list[Any]:
     """work(piece) for every piece, in the pieces' order, computed by `workers` spawned
     processes (`work` must pickle: a module-level function or a partial of one); `done` is
     told of each result as it arrives; `order` is the order the pieces are handed out in.
-    `name` and `unit` word the messages ("sensitivity", "cell"); `label` names a piece whose
-    work raised."""
+    `name`, `unit` and `units` word the messages ("sensitivity", "cell", default `unit` + "s");
+    `label` names a piece whose work raised."""
     context = multiprocessing.get_context("spawn")
     tasks: Any = context.Queue()
     # pieces no worker took (Ctrl-C, an error) must not hold up the exit: without this, the
@@ -58,7 +58,7 @@ def in_workers(pieces: Sequence[Any], work: Callable[[Any], Any], workers: int, 
     for _ in range(workers):
         tasks.put(None)
     threads = max(1, usable_cores() // workers)
-    print(f"{len(pieces)} {unit}s in {workers} worker processes (jobs=1: one at a time, in this process)",
+    print(f"{len(pieces)} {units or unit + 's'} in {workers} worker processes (jobs=1: one at a time, in this process)",
           file=sys.stderr)
     processes = [context.Process(target=_work, args=(tasks, answers, work, threads), daemon=True,
                                  name=f"{name}-{n}") for n in range(workers)]

@@ -113,7 +113,8 @@ def build(families: list[str], out: Path, seed: int = 0, jobs: int = 1) -> list[
             found.append(cells_of(family))
             progress(found[-1])
     else:
-        found = in_workers(families, cells_of, workers, name="regime map", unit="family", done=progress)
+        found = in_workers(families, cells_of, workers, name="regime map", unit="family",
+                           units="families", done=progress)
     every = dict(zip(families, found, strict=True))
     paths = [path for family, cells in every.items() for path in plot_family(family, cells, out)]
     text = "# Regime map (generated routing; modeled figures)\n\n" + "\n".join(markdown(f, c) for f, c in every.items())

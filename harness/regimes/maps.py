@@ -71,11 +71,9 @@ def _point(key: tuple[float, float, float]) -> str:
 def plot_family(family: str, cells: list[Cell], out: Path) -> list[Path]:
     """Heatmaps (locality across, skew down, one panel per shared): the winner, and each
     contender's margin over the best baseline; PNG and SVG."""
-    import matplotlib
+    from harness.report.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     grid = grid_cells(cells)
     names = list(CONTENDERS)
     rows = 1 + len(names)
@@ -105,7 +103,7 @@ def plot_family(family: str, cells: list[Cell], out: Path) -> list[Path]:
     fig.colorbar(im, ax=axes[1:, :].ravel().tolist(), shrink=0.5, label="tokens/s margin (modeled)")
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"regimes_{family}.png", out / f"regimes_{family}.svg"]
-    for path in paths:
-        fig.savefig(path, dpi=110)
+    for path in paths:  # no date, the report's SVG id salt: the same map gives the same files
+        fig.savefig(path, dpi=110, metadata={"Date": None} if path.suffix == ".svg" else {})
     plt.close(fig)
     return paths
