@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.regimes.grid import BASELINES, LOCALITY, SHARED, SINGLE, SKEW, Cell
+from harness.report.plots import pyplot
 
 CONTENDERS = tuple(s for s in SINGLE if s != "oracle")
 
@@ -71,8 +72,6 @@ def _point(key: tuple[float, float, float]) -> str:
 def plot_family(family: str, cells: list[Cell], out: Path) -> list[Path]:
     """Heatmaps (locality across, skew down, one panel per shared): the winner, and each
     contender's margin over the best baseline; PNG and SVG."""
-    from harness.report.plots import pyplot
-
     plt = pyplot()
     grid = grid_cells(cells)
     names = list(CONTENDERS)
