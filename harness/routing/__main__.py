@@ -1,8 +1,9 @@
 """`python -m harness.routing <verb> key=value ...`: generated routing (docs/routing-regimes.md).
 
-  fit       trace=<trace.npz> out=<regime.yaml> [name=] [seed=0] [recorded_by=<command>]: the
-            knobs whose generated traces match the trace's statistics, with its shape, into a
-            regime file (with a calibration.npz beside the trace, also calibration_shared)
+  fit       trace=<trace.npz> out=<regime.yaml> [name=] [seed=0] [recorded_by=<command>]
+            [also=mask_overlap,masked_locality]: the knobs whose generated traces match the
+            trace's statistics, with its shape, into a regime file (with a calibration.npz beside
+            the trace, also calibration_shared; `also`: opt-in knobs searched too)
   generate  regime=<regime.yaml | conf/routing name> model=<name> [config=<config.json>]
             out=<trace.npz> [seed=0] [calibration=2] [requests=] [prompt=] [gen=]: a trace for
             any model's geometry; `calibration` more requests go to calibration.npz beside it
@@ -31,7 +32,9 @@ FIT = KeyValueCommand(
      Option("name", "the regime's name (default: the out file's stem)"),
      Option("seed", "the seed of the fit's simulations", "0"),
      Option("recorded_by", "the command that recorded the trace (kept in the regime file: say it when the "
-            "trace is a temporary file)")],
+            "trace is a temporary file)"),
+     Option("also", "knobs to search besides fit's own, comma-separated: mask_overlap, masked_locality "
+            "(off by default: on mini they moved the systems further off)")],
     example="python -m harness.routing fit trace=outputs/runs/<run>/trace.npz out=conf/routing/mine.yaml")
 GENERATE = KeyValueCommand(
     "python -m harness.routing generate", "generate a routing trace from a regime file for any model",
@@ -74,7 +77,8 @@ def main(argv: list[str]) -> int:
         out = Path(args["out"])
         beside = Path(args["trace"]).parent / "calibration.npz"
         calibration = RoutingTrace.load(beside) if beside.is_file() else None
-        regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed, calibration)
+        also = tuple(k for k in (args.get("also") or "").split(",") if k)
+        regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed, calibration, also)
         if args.get("recorded_by"):
             regime.fitted_from = {"trace": regime.fitted_from["trace"], "recorded_by": args["recorded_by"],
                                   **{k: v for k, v in regime.fitted_from.items() if k != "trace"}}

@@ -7,9 +7,9 @@ concentrates a request's popularity, affinity also repeats experts over time).
 `hint_quality` and `residual_hint_quality` are read off the trace's hints of each channel directly,
 `period` off its overlap at lags 1..4, and `hint_sharpness` last, against the fitted knobs:
 the power that gives the generated hints the entropy of the trace's (the channel DALI reads).
-`mask_overlap` and `masked_locality` are not searched: their statistics are read and recorded
-(target and reached), but fitted with the others they moved mini's systems further from the
-trace, not closer (docs/routing-regimes.md); a regime file sets them by hand.
+`mask_overlap` and `masked_locality` are searched only when asked (`also`, OPT_IN): their
+statistics are always read and recorded (target and reached), but fitted with the others they
+moved mini's systems further from the trace, not closer (docs/routing-regimes.md).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ SEARCH = {"skew": (False, (0.0, 3.0)), "shared": (True, (0.0, 1.0)), "locality":
           "cohesion": (False, (0.0, 0.95)), "unmasking": (True, (0.0, 1.0)), "prefill_skew": (False, (0.0, 3.0)),
           "prefill_overlap": (True, (0.0, 1.0)), "unmask_redraw": (False, (0.0, 1.0)),
           "solo_locality": (True, (0.0, 0.95))}
+# searched only when `fit` is asked to (also=): fitted, they moved mini's systems further off
+OPT_IN = {"mask_overlap": (True, (0.0, 1.0)), "masked_locality": (True, (0.0, 0.95))}
 ITERATIONS, STEP, TOLERANCE = 12, 0.05, 0.002
 POPULARITY_SHAPES = ("zipf", "lognormal")  # the popularity shapes `fit` tries (params.py `lognormal`)
 # head shares closer than this tie (what the seed alone moves them: mini's Zipf fit 0.2616..0.2687
@@ -120,11 +122,18 @@ def hint_quality(trace: RoutingTrace, channel: str = NEXT_GATE) -> float | None:
 
 
 def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
-        popularity: tuple[str, ...] = POPULARITY_SHAPES) -> tuple[RoutingRegime, dict[str, Any]]:
+        popularity: tuple[str, ...] = POPULARITY_SHAPES, also: tuple[str, ...] = ()
+        ) -> tuple[RoutingRegime, dict[str, Any]]:
     """The regime whose generated traces (this trace's shape and geometry) match its
     statistics, and a record of the fit: target and reached statistics per knob. Each
     popularity shape of `popularity` is fitted; the one whose head share comes closer to the
-    trace's is kept (among those whose misfit is not 4x the best)."""
+    trace's is kept (among those whose misfit is not 4x the best). `also`: knobs of OPT_IN
+    searched too."""
+    unknown = [k for k in also if k not in OPT_IN]
+    if unknown:
+        raise HarnessError(f"also={unknown[0]!r} is no knob fit can search besides its own; use some of "
+                           f"{', '.join(OPT_IN)}")
+    search = {**SEARCH, **{k: OPT_IN[k] for k in also}}
     shape, dims = shape_of(trace), Dims.of_trace(trace)
     profile = trace_lag_profile(trace)
     period = period_of(profile)
@@ -137,7 +146,7 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
         regime = replace(regime, hint_quality=q)
     if q_residual is not None:
         regime = replace(regime, residual_hint_quality=q_residual)
-    knobs = [k for k in SEARCH if not math.isnan(target[k])]
+    knobs = [k for k in search if not math.isnan(target[k])]
     head = trace_head_share(trace, dims.top_k)
     shapes: dict[str, tuple[float, RoutingRegime, dict[str, float], float]] = {}
     for name, lognormal in zip(POPULARITY_SHAPES, (None, 1.0), strict=True):
@@ -158,8 +167,14 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
         if "solo_locality" in knobs:  # a start without it: its meaning when unset, every slot at locality
             first, second = (r if r.solo_locality is not None else replace(r, solo_locality=r.locality)
                              for r in (first, second))
+        if "mask_overlap" in knobs:  # unset: 1 (the decoding rankings); the second start halfway
+            first = first if first.mask_overlap is not None else replace(first, mask_overlap=1.0)
+            second = replace(second, mask_overlap=0.5)
+        if "masked_locality" in knobs:  # a start without it: its meaning when unset, locality
+            first, second = (r if r.masked_locality is not None else replace(r, masked_locality=r.locality)
+                             for r in (first, second))
         for begin in (first, second):  # the better of two starts
-            fitted, reached = _newton(begin, knobs, target, shape, dims, seed)
+            fitted, reached = _newton(begin, knobs, target, shape, dims, seed, search)
             misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))
             if best is None or misfit < best[0]:
                 best = (misfit, fitted, reached)
@@ -168,7 +183,7 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
     _, regime, reached, _ = shapes[chosen]
     regime, sharpness = fit_hint_sharpness(trace, regime, shape, dims, seed)
     record = {"statistics": {k: {"target": _num(target[k]), "reached": _num(reached[k])} for k in target},
-              "unfitted": [k for k in SEARCH if k not in knobs], "seed": seed,
+              "unfitted": [k for k in SEARCH if k not in knobs], "searched_also": list(also), "seed": seed,
               "lag_profile": [_num(v) for v in profile], "period_from": "lag_profile",
               "hint_quality_from": "hints" if q is not None else "default (the trace has no hints)",
               "popularity": {"chosen": chosen, "head_share_target": _num(head),
@@ -210,11 +225,11 @@ def fit_hint_sharpness(trace: RoutingTrace, regime: RoutingRegime, shape: TraceS
 
 
 def _newton(regime: RoutingRegime, knobs: list[str], target: dict[str, float], shape: TraceShape, dims: Dims,
-            seed: int) -> tuple[RoutingRegime, dict[str, float]]:
+            seed: int, search: dict[str, tuple[bool, tuple[float, float]]]) -> tuple[RoutingRegime, dict[str, float]]:
     """Levenberg-Marquardt on the knobs, the Jacobian by finite differences (common random
     numbers), each step kept inside the knobs' brackets and taken only if it lowers the misfit."""
     def at(x: np.ndarray) -> RoutingRegime:
-        return replace(regime, **{k: float(np.clip(v, *SEARCH[k][1])) for k, v in zip(knobs, x, strict=True)})
+        return replace(regime, **{k: float(np.clip(v, *search[k][1])) for k, v in zip(knobs, x, strict=True)})
 
     def residual(x: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         got = simulated_moments(at(x), shape, dims, seed)
@@ -229,7 +244,7 @@ def _newton(regime: RoutingRegime, knobs: list[str], target: dict[str, float], s
             break
         jac = np.zeros((len(knobs), len(knobs)))
         for j, k in enumerate(knobs):
-            low, high = SEARCH[k][1]
+            low, high = search[k][1]
             h = STEP * (high - low) * (1 if x[j] + STEP * (high - low) <= high else -1)
             xh = x.copy()
             xh[j] += h
@@ -237,7 +252,7 @@ def _newton(regime: RoutingRegime, knobs: list[str], target: dict[str, float], s
         grad, normal = jac.T @ r, jac.T @ jac
         for _try in range(6):  # Levenberg-Marquardt: a shorter, steeper step until the misfit falls
             step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-9), -grad)
-            xn = np.array([np.clip(v, *SEARCH[k][1]) for k, v in zip(knobs, x + step, strict=True)])
+            xn = np.array([np.clip(v, *search[k][1]) for k, v in zip(knobs, x + step, strict=True)])
             rn, gotn = residual(xn)
             if np.linalg.norm(rn) < np.linalg.norm(r):
                 x, r, got, damping = xn, rn, gotn, damping / 3
@@ -253,10 +268,10 @@ def _num(v: float) -> float | None:
 
 
 def fit_file(trace: RoutingTrace, name: str, source: str, seed: int = 0,
-             calibration: RoutingTrace | None = None) -> RegimeFile:
+             calibration: RoutingTrace | None = None, also: tuple[str, ...] = ()) -> RegimeFile:
     """A regime file: the fitted knobs, the trace's shape and where the fit came from; with the
     calibration recorded beside the trace, also `calibration_shared` (harness/routing/calibration_fit.py)."""
-    regime, record = fit(trace, seed)
+    regime, record = fit(trace, seed, also=also)
     if calibration is not None:
         target = trace_calibration_overlap(trace, calibration)
         regime, record["statistics"]["calibration_shared"] = fit_calibration(

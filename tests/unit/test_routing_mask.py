@@ -15,6 +15,7 @@ import pytest
 
 from harness.common.errors import HarnessError
 from harness.regimes.grid import reuse_at
+from harness.routing.fit import fit
 from harness.routing.generate import NO_REDRAW, Dims, Router, Unmasked, generate
 from harness.routing.moments import trace_moments
 from harness.routing.params import RoutingRegime, TraceShape
@@ -97,3 +98,22 @@ def test_the_regime_map_keeps_the_anchors_ratio_of_masked_to_all_reuse_along_its
     anchor = RoutingRegime(locality=0.8, masked_locality=0.4, unmask_redraw=0.5)
     assert reuse_at(anchor, "masked_locality", 0.6) == pytest.approx(0.3)
     assert reuse_at(anchor, "solo_locality", 0.6) is None
+
+
+def test_fit_searches_them_when_asked_and_matches_their_statistics() -> None:
+    """On a trace this small (3 requests) other knobs trade with them (measured: mask_overlap
+    fitted 0.58 for 0.2, unmask_redraw 0.43 for 0.3, at the same statistics), so the test holds
+    the statistics, as the fit does; unset, mask_overlap's statistic here is 0.80, not 0.57."""
+    true = RoutingRegime(skew=0.8, shared=0.5, locality=0.8, decay=0.3, cohesion=0.4, unmasking=0.5,
+                         unmask_redraw=0.3, mask_overlap=0.2, masked_locality=0.4)
+    trace = generate(true, BLOCKS, SMALL, seed=1)
+    fitted, record = fit(trace, popularity=("zipf",), also=("mask_overlap", "masked_locality"))
+    assert fitted.mask_overlap is not None and fitted.masked_locality is not None
+    assert record["searched_also"] == ["mask_overlap", "masked_locality"]
+    for knob in ("mask_overlap", "masked_locality"):
+        stats = record["statistics"][knob]
+        assert abs(stats["reached"] - stats["target"]) < 0.03, (knob, stats)
+    with pytest.raises(HarnessError, match="also='cohesion' is no knob fit can search besides its own"):
+        fit(trace, also=("cohesion",))
+    with pytest.raises(HarnessError, match="also='cohesion' is no knob fit can search besides its own"):
+        fit(trace, also=("cohesion",))
