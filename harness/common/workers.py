@@ -46,7 +46,14 @@ def in_workers(pieces: Sequence[Any], work: Callable[[Any], Any], workers: int, 
     processes (`work` must pickle: a module-level function or a partial of one); `done` is
     told of each result as it arrives; `order` is the order the pieces are handed out in.
     `name`, `unit` and `units` word the messages ("sensitivity", "cell", default `unit` + "s");
-    `label` names a piece whose work raised."""
+    `label` names a piece whose work raised. One worker: every piece in this process, in order
+    (least memory; errors raised as they are)."""
+    if workers == 1:
+        results = []
+        for piece in pieces:
+            results.append(work(piece))
+            done(results[-1])
+        return results
     context = multiprocessing.get_context("spawn")
     tasks: Any = context.Queue()
     # pieces no worker took (Ctrl-C, an error) must not hold up the exit: without this, the

@@ -105,16 +105,8 @@ def build(families: list[str], out: Path, seed: int = 0, jobs: int = 1) -> list[
     def progress(cells: list[Cell]) -> None:
         print(f"regime map: {cells[0].family}, {len(cells)} regime points ({time.perf_counter() - start:.0f} s)")
 
-    cells_of = partial(family_cells, seed=seed)
-    workers = worker_count(jobs, len(families))
-    if workers == 1:
-        found = []
-        for family in families:
-            found.append(cells_of(family))
-            progress(found[-1])
-    else:
-        found = in_workers(families, cells_of, workers, name="regime map", unit="family",
-                           units="families", done=progress)
+    found = in_workers(families, partial(family_cells, seed=seed), worker_count(jobs, len(families)),
+                       name="regime map", unit="family", units="families", done=progress)
     every = dict(zip(families, found, strict=True))
     paths = [path for family, cells in every.items() for path in plot_family(family, cells, out)]
     text = "# Regime map (generated routing; modeled figures)\n\n" + "\n".join(markdown(f, c) for f, c in every.items())

@@ -62,13 +62,6 @@ def cell_size(cell: Cell) -> int:
 def analyse_cells(cells: Sequence[Cell], settings: CellSettings, jobs: int,
                   done: Callable[[CellResult], None] = lambda result: None) -> list[CellResult]:
     """Every cell's result, in the cells' order; `done` is told of each as it finishes."""
-    workers = worker_count(jobs, len(cells))
-    if workers == 1:
-        results = []
-        for cell in cells:
-            results.append(analyse_one(cell, settings))
-            done(results[-1])
-        return results
     largest_first = sorted(range(len(cells)), key=lambda i: -cell_size(cells[i]))
-    return in_workers(cells, partial(analyse_one, settings=settings), workers, name="sensitivity", unit="cell",
-                      order=largest_first, done=done, label=lambda cell: cell.name)
+    return in_workers(cells, partial(analyse_one, settings=settings), worker_count(jobs, len(cells)),
+                      name="sensitivity", unit="cell", order=largest_first, done=done, label=lambda cell: cell.name)

@@ -30,6 +30,9 @@ def test_pieces_come_back_in_their_order_from_two_workers_whatever_the_order_han
     got = in_workers([1, 2, 3, 4], partial(scaled_square, by=2), 2, name="test", unit="piece",
                      order=[3, 2, 1, 0], done=seen.append)
     assert got == [2, 8, 18, 32] and sorted(seen) == got
+    seen.clear()
+    assert in_workers([1, 2, 3], scaled_square, 1, name="test", unit="piece", done=seen.append) == [1, 4, 9]
+    assert seen == [1, 4, 9]  # one worker: in this process, in order
     with pytest.raises(HarnessError, match="piece -1 is negative"):
         in_workers([2, -1], scaled_square, 2, name="test", unit="piece")
     with pytest.raises(RuntimeError, match=r"(?s)piece #13:.*ValueError: thirteen"):
