@@ -8,7 +8,7 @@ DALI reads, the top-B drift TIDE's tau* reads (systems/tide_tau.py), how much of
 set of its first step covers, and how often an expert of load 2 or 3 is routed again the next
 denoising step (load 1: the solo_locality statistic).
 
-    python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0]
+    python -m harness.regimes.fidelity trace=<trace.npz> regime=<regime.yaml> [seed=0] [seeds=1]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.common.errors import exit_with
+from harness.common.errors import HarnessError, exit_with
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.placement.trace import RoutingTrace
 from harness.regimes.grid import SINGLE, configs, replay
@@ -35,7 +35,8 @@ COMMAND = KeyValueCommand(
     "python -m harness.regimes.fidelity", "each system's figures on a trace and on its fitted regime's routing",
     [Option("trace", "a recorded trace.npz (calibration.npz beside it)", required=True),
      Option("regime", "its fitted regime file (python -m harness.routing fit)", required=True),
-     Option("seed", "the generator's seed", "0")],
+     Option("seed", "the generator's (first) seed", "0"),
+     Option("seeds", "generated traces (seeds seed, seed + 1, ...): the differences' mean and range", "1")],
     example="python -m harness.regimes.fidelity trace=tests/golden/mini/trace.npz regime=mini_fit")
 
 
@@ -64,54 +65,70 @@ def first_step_cover(blocks: list[torch.Tensor], capacity: int) -> float:
     return sum(int((later * top).sum()) for top, later in held) / routed if routed else math.nan
 
 
-def fidelity(trace_path: Path, regime: str, seed: int = 0) -> dict[str, dict[str, float]]:
-    """Per system: tokens/s and miss rate on the trace and on its regime's generated routing;
-    under "routing statistics": each statistic on both traces."""
+def fidelity(trace_path: Path, regime: str, seed: int = 0, seeds: int = 1) -> dict[str, dict[str, float]]:
+    """Per system: tokens/s and miss rate on the trace and on its regime's generated routing at
+    `seeds` seeds (seed, seed + 1, ...): the mean, and the generated minus trace difference's
+    mean, min and max over them; under "routing statistics": each statistic on the trace and its
+    mean on the generated traces. One seed says little on a short trace (mini's 8 requests: its
+    systems moved 2-3 points from the fit's seed to the next three, docs/routing-regimes.md)."""
     trace = RoutingTrace.load(trace_path)
     beside = trace_path.parent / "calibration.npz"
     calibration = RoutingTrace.load(beside) if beside.exists() else None
     family = str(trace.meta["model"])
     fitted = regime_file(regime)
-    generated, gen_calibration = generate_with_calibration(fitted, family, None, seed, 2, dims=Dims.of_trace(trace))
+    generated = [generate_with_calibration(fitted, family, None, s, 2, dims=Dims.of_trace(trace))
+                 for s in range(seed, seed + seeds)]
     out = {}
     for system, cfg in configs(family, SINGLE).items():
-        a, b = replay(cfg, trace, calibration), replay(cfg, generated, gen_calibration)
-        out[system] = {"tokens_per_s": a["tokens_per_s"], "tokens_per_s_generated": b["tokens_per_s"],
-                       "tokens_per_s_ratio": b["tokens_per_s"] / a["tokens_per_s"] - 1 if a["tokens_per_s"] else 0.0,
-                       "miss_rate": a["miss_rate"], "miss_rate_generated": b["miss_rate"]}
-    out["routing statistics"] = statistics(trace, generated, int(fitted.regime.period))
+        a = replay(cfg, trace, calibration)
+        runs = [replay(cfg, g, g_calibration) for g, g_calibration in generated]
+        ratios = [b["tokens_per_s"] / a["tokens_per_s"] - 1 if a["tokens_per_s"] else 0.0 for b in runs]
+        out[system] = {"tokens_per_s": a["tokens_per_s"],
+                       "tokens_per_s_generated": float(np.mean([b["tokens_per_s"] for b in runs])),
+                       "tokens_per_s_ratio": float(np.mean(ratios)),
+                       "tokens_per_s_ratio_min": min(ratios), "tokens_per_s_ratio_max": max(ratios),
+                       "miss_rate": a["miss_rate"],
+                       "miss_rate_generated": float(np.mean([b["miss_rate"] for b in runs]))}
+    period = int(fitted.regime.period)
+    each = [trace_statistics(g, period) for g, _ in generated]
+    out["routing statistics"] = {**trace_statistics(trace, period),
+                                 **{f"{k}_generated": float(np.mean([e[k] for e in each])) for k in each[0]}}
     return out
 
 
-def statistics(trace: RoutingTrace, generated: RoutingTrace, period: int) -> dict[str, float]:
-    """name -> value on the trace, name + "_generated" -> on the generated one."""
+def trace_statistics(trace: RoutingTrace, period: int) -> dict[str, float]:
+    """The statistics the fidelity table shows of one trace (module docstring), nan where a
+    statistic does not apply (an autoregressive trace's denoising ones)."""
     b = max(1, trace.n_experts // 4)
-    out: dict[str, float] = {}
-    for suffix, t in (("", trace), ("_generated", generated)):
-        seen = routing_statistics(t, b)
-        blocks = denoise_blocks(t)
-        _, hints = dali_hint_rows(t)  # how flat the hints DALI reads are
-        stats = {**trace_moments(t, period), **{k: seen[k] for k in ROUTING_STATS},
-                 "cosine_k1": (seen["cosine_by_k"] or [None])[0],
-                 "hint_entropy": hint_entropy(hints) if hints is not None else None,
-                 "top_b_drift": estimate_drift(blocks, b) if blocks else None,
-                 "first_step_cover": first_step_cover(blocks, b) if blocks else None,
-                 **{f"kept_load{v}": kept_by_load(blocks, v) if blocks else None for v in KEPT_LOADS}}
-        out.update({f"{k}{suffix}": float("nan") if v is None else float(v) for k, v in stats.items()})
-    return out
+    seen = routing_statistics(trace, b)
+    blocks = denoise_blocks(trace)
+    _, hints = dali_hint_rows(trace)  # how flat the hints DALI reads are
+    stats = {**trace_moments(trace, period), **{k: seen[k] for k in ROUTING_STATS},
+             "cosine_k1": (seen["cosine_by_k"] or [None])[0],
+             "hint_entropy": hint_entropy(hints) if hints is not None else None,
+             "top_b_drift": estimate_drift(blocks, b) if blocks else None,
+             "first_step_cover": first_step_cover(blocks, b) if blocks else None,
+             **{f"kept_load{v}": kept_by_load(blocks, v) if blocks else None for v in KEPT_LOADS}}
+    return {k: float("nan") if v is None else float(v) for k, v in stats.items()}
 
 
 def main(argv: list[str]) -> int:
     COMMAND.prog = program_name(COMMAND.prog)
     args = COMMAND.parse(argv)
-    rows = fidelity(Path(args["trace"]), args["regime"], int(args["seed"]))
+    seeds = int(args["seeds"]) if args["seeds"].isdigit() else 0
+    if seeds < 1:
+        raise HarnessError(f"seeds={args['seeds']!r} must be a whole number >= 1 (how many generated traces)")
+    rows = fidelity(Path(args["trace"]), args["regime"], int(args["seed"]), seeds)
     stats = rows.pop("routing statistics")
-    print("| system | tokens/s (trace) | tokens/s (generated) | difference | miss (trace) | miss (generated) |")
-    print("|---|---|---|---|---|---|")
+    over = f" (mean of {seeds} seeds)" if seeds > 1 else ""
+    print(f"| system | tokens/s (trace) | tokens/s (generated{over}) | difference{over} |"
+          + (" range over the seeds |" if seeds > 1 else "") + " miss (trace) | miss (generated) |")
+    print("|---" * (6 + (seeds > 1)) + "|")
     for system, r in rows.items():
+        spread = f" {r['tokens_per_s_ratio_min']:+.1%}..{r['tokens_per_s_ratio_max']:+.1%} |" if seeds > 1 else ""
         print(f"| {system} | {r['tokens_per_s']:.2f} | {r['tokens_per_s_generated']:.2f} | "
-              f"{r['tokens_per_s_ratio']:+.1%} | {r['miss_rate']:.3f} | {r['miss_rate_generated']:.3f} |")
-    print("\n| routing statistic | trace | generated |\n|---|---|---|")
+              f"{r['tokens_per_s_ratio']:+.1%} |{spread} {r['miss_rate']:.3f} | {r['miss_rate_generated']:.3f} |")
+    print(f"\n| routing statistic | trace | generated{over} |\n|---|---|---|")
     for key in (k for k in stats if not k.endswith("_generated")):
         print(f"| {key} | {stats[key]:.4g} | {stats[key + '_generated']:.4g} |")
     return 0

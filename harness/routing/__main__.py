@@ -1,9 +1,10 @@
 """`python -m harness.routing <verb> key=value ...`: generated routing (docs/routing-regimes.md).
 
   fit       trace=<trace.npz> out=<regime.yaml> [name=] [seed=0] [recorded_by=<command>]
-            [also=mask_overlap,masked_locality]: the knobs whose generated traces match the
-            trace's statistics, with its shape, into a regime file (with a calibration.npz beside
-            the trace, also calibration_shared; `also`: opt-in knobs searched too)
+            [also=mask_overlap,masked_locality] [average=1]: the knobs whose generated traces
+            match the trace's statistics, with its shape, into a regime file (with a
+            calibration.npz beside the trace, also calibration_shared; `also`: opt-in knobs
+            searched too; `average`: statistics averaged over that many generated traces)
   generate  regime=<regime.yaml | conf/routing name> model=<name> [config=<config.json>]
             out=<trace.npz> [seed=0] [calibration=2] [requests=] [prompt=] [gen=]: a trace for
             any model's geometry; `calibration` more requests go to calibration.npz beside it
@@ -34,7 +35,9 @@ FIT = KeyValueCommand(
      Option("recorded_by", "the command that recorded the trace (kept in the regime file: say it when the "
             "trace is a temporary file)"),
      Option("also", "knobs to search besides fit's own, comma-separated: mask_overlap, masked_locality "
-            "(off by default: on mini they moved the systems further off)")],
+            "(off by default: on mini they moved the systems further off)"),
+     Option("average", "generated traces (seeds seed, seed + 1, ...) whose statistics the fit averages: a "
+            "short trace's chance fluctuations otherwise fit too (costs as many times the time)", "1")],
     example="python -m harness.routing fit trace=outputs/runs/<run>/trace.npz out=conf/routing/mine.yaml")
 GENERATE = KeyValueCommand(
     "python -m harness.routing generate", "generate a routing trace from a regime file for any model",
@@ -73,12 +76,14 @@ def main(argv: list[str]) -> int:
     verb, args = argv[0], VERBS[argv[0]].parse(argv[1:])
     seed = _int(args, "seed") or 0
     if verb == "fit":
+        average = _int(args, "average", 1) or 1
         trace = RoutingTrace.load(args["trace"])
         out = Path(args["out"])
         beside = Path(args["trace"]).parent / "calibration.npz"
         calibration = RoutingTrace.load(beside) if beside.is_file() else None
         also = tuple(k for k in (args.get("also") or "").split(",") if k)
-        regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed, calibration, also)
+        regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed, calibration, also,
+                          average)
         if args.get("recorded_by"):
             regime.fitted_from = {"trace": regime.fitted_from["trace"], "recorded_by": args["recorded_by"],
                                   **{k: v for k, v in regime.fitted_from.items() if k != "trace"}}

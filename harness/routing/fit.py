@@ -15,10 +15,12 @@ moved mini's systems further from the trace, not closer (docs/routing-regimes.md
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from harness.common.errors import HarnessError
 from harness.model.hints import NEXT_GATE, RESIDUAL
@@ -59,6 +61,15 @@ SECOND_START = RoutingRegime(skew=0.5, shared=0.8, locality=0.1, decay=0.1, affi
 # where both starts put cohesion and unmasking when the trace shows them (a denoising trace): at
 # cohesion 0 unmasking moves no statistic, and the solver stalled there (docs/routing-regimes.md)
 DENOISING_START = {"cohesion": 0.3, "unmasking": 0.3, "unmask_redraw": 0.5}
+
+
+def averaged_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seeds: range) -> dict[str, float]:
+    """The statistics of traces generated at each seed of `seeds`, averaged (nan where one is):
+    several seeds keep the fit from matching one generated trace's chance fluctuations, which a
+    short trace has (mini's 8 requests: its systems' figures moved 2-3 points from the fit's seed
+    to the next ones, docs/routing-regimes.md)."""
+    each = [simulated_moments(regime, shape, dims, s) for s in seeds]
+    return {k: float(np.mean([m[k] for m in each])) for k in each[0]}
 
 
 def simulated_moments(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int) -> dict[str, float]:
@@ -122,13 +133,14 @@ def hint_quality(trace: RoutingTrace, channel: str = NEXT_GATE) -> float | None:
 
 
 def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
-        popularity: tuple[str, ...] = POPULARITY_SHAPES, also: tuple[str, ...] = ()
+        popularity: tuple[str, ...] = POPULARITY_SHAPES, also: tuple[str, ...] = (), average: int = 1
         ) -> tuple[RoutingRegime, dict[str, Any]]:
     """The regime whose generated traces (this trace's shape and geometry) match its
     statistics, and a record of the fit: target and reached statistics per knob. Each
     popularity shape of `popularity` is fitted; the one whose head share comes closer to the
     trace's is kept (among those whose misfit is not 4x the best). `also`: knobs of OPT_IN
-    searched too."""
+    searched too. `average`: the statistics of that many generated traces (seeds seed, seed + 1,
+    ...) averaged at each step (1: one trace, as before the option existed)."""
     unknown = [k for k in also if k not in OPT_IN]
     if unknown:
         raise HarnessError(f"also={unknown[0]!r} is no knob fit can search besides its own; use some of "
@@ -149,6 +161,10 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
     knobs = [k for k in search if not math.isnan(target[k])]
     head = trace_head_share(trace, dims.top_k)
     shapes: dict[str, tuple[float, RoutingRegime, dict[str, float], float]] = {}
+    # minutes on a long diffusion trace (mini: about 15 min CPU): the Newton iterations of every
+    # shape and start, the misfit as it falls
+    bar = tqdm(total=len([n for n in POPULARITY_SHAPES if n in popularity]) * 2 * ITERATIONS, desc="fit",
+               unit="iteration", leave=False, dynamic_ncols=True, mininterval=1.0)
     for name, lognormal in zip(POPULARITY_SHAPES, (None, 1.0), strict=True):
         if name not in popularity:
             continue
@@ -173,17 +189,23 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
         if "masked_locality" in knobs:  # a start without it: its meaning when unset, locality
             first, second = (r if r.masked_locality is not None else replace(r, masked_locality=r.locality)
                              for r in (first, second))
-        for begin in (first, second):  # the better of two starts
-            fitted, reached = _newton(begin, knobs, target, shape, dims, seed, search)
+        for start_no, begin in enumerate((first, second)):  # the better of two starts
+            bar.set_description(f"fit {name}, start {start_no + 1}/2")
+            done = bar.n
+            fitted, reached = _newton(begin, knobs, target, shape, dims, range(seed, seed + average), search,
+                                      lambda m: _tick(bar, m))
+            bar.update(done + ITERATIONS - bar.n)  # a start that converged early: its remaining iterations
             misfit = sum((reached[k] - target[k]) ** 2 for k in knobs if not math.isnan(reached[k]))
             if best is None or misfit < best[0]:
                 best = (misfit, fitted, reached)
         shapes[name] = (*best, simulated_head_share(best[1], shape, dims, seed))
+    bar.close()
     chosen = choose_shape({n: (v[0], v[3]) for n, v in shapes.items()}, head)
     _, regime, reached, _ = shapes[chosen]
     regime, sharpness = fit_hint_sharpness(trace, regime, shape, dims, seed)
     record = {"statistics": {k: {"target": _num(target[k]), "reached": _num(reached[k])} for k in target},
               "unfitted": [k for k in SEARCH if k not in knobs], "searched_also": list(also), "seed": seed,
+              "averaged_over_seeds": average,
               "lag_profile": [_num(v) for v in profile], "period_from": "lag_profile",
               "hint_quality_from": "hints" if q is not None else "default (the trace has no hints)",
               "popularity": {"chosen": chosen, "head_share_target": _num(head),
@@ -225,14 +247,16 @@ def fit_hint_sharpness(trace: RoutingTrace, regime: RoutingRegime, shape: TraceS
 
 
 def _newton(regime: RoutingRegime, knobs: list[str], target: dict[str, float], shape: TraceShape, dims: Dims,
-            seed: int, search: dict[str, tuple[bool, tuple[float, float]]]) -> tuple[RoutingRegime, dict[str, float]]:
+            seeds: range, search: dict[str, tuple[bool, tuple[float, float]]],
+            iterated: Callable[[float], object] = lambda misfit: None) -> tuple[RoutingRegime, dict[str, float]]:
     """Levenberg-Marquardt on the knobs, the Jacobian by finite differences (common random
-    numbers), each step kept inside the knobs' brackets and taken only if it lowers the misfit."""
+    numbers), each step kept inside the knobs' brackets and taken only if it lowers the misfit;
+    `iterated(misfit)` after each iteration (the progress bar)."""
     def at(x: np.ndarray) -> RoutingRegime:
         return replace(regime, **{k: float(np.clip(v, *search[k][1])) for k, v in zip(knobs, x, strict=True)})
 
     def residual(x: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
-        got = simulated_moments(at(x), shape, dims, seed)
+        got = averaged_moments(at(x), shape, dims, seeds)
         r = np.array([got[k] - target[k] for k in knobs])
         return np.nan_to_num(r), got
 
@@ -260,7 +284,13 @@ def _newton(regime: RoutingRegime, knobs: list[str], target: dict[str, float], s
             damping *= 4
         else:
             break
+        iterated(float(r @ r))
     return replace(at(x), **{k: round(float(getattr(at(x), k)), 4) for k in knobs}), got
+
+
+def _tick(bar: tqdm, misfit: float) -> None:
+    bar.update()
+    bar.set_postfix(misfit=f"{misfit:.2e}")
 
 
 def _num(v: float) -> float | None:
@@ -268,10 +298,10 @@ def _num(v: float) -> float | None:
 
 
 def fit_file(trace: RoutingTrace, name: str, source: str, seed: int = 0,
-             calibration: RoutingTrace | None = None, also: tuple[str, ...] = ()) -> RegimeFile:
+             calibration: RoutingTrace | None = None, also: tuple[str, ...] = (), average: int = 1) -> RegimeFile:
     """A regime file: the fitted knobs, the trace's shape and where the fit came from; with the
     calibration recorded beside the trace, also `calibration_shared` (harness/routing/calibration_fit.py)."""
-    regime, record = fit(trace, seed, also=also)
+    regime, record = fit(trace, seed, also=also, average=average)
     if calibration is not None:
         target = trace_calibration_overlap(trace, calibration)
         regime, record["statistics"]["calibration_shared"] = fit_calibration(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.common.errors import HarnessError
 from harness.regimes.fidelity import fidelity, first_step_cover, kept_by_load, main
 from harness.routing.generate import Dims
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
@@ -49,6 +50,26 @@ def test_a_trace_against_its_own_regime_is_reproduced_exactly(tmp_path: Path, ca
     assert any(r["tokens_per_s_ratio"] != 0.0 for s, r in moved.items() if s != "routing statistics")
     assert main([f"trace={trace}", f"regime={same}"]) == 0
     assert "| tide | " in capsys.readouterr().out
+
+
+def test_more_seeds_report_the_mean_and_range_of_the_differences(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    """seed 0 regenerates the trace exactly (difference 0), seed 1 routes otherwise: the range
+    spans both, the mean lies between, and the statistics are the seeds' means."""
+    trace = _recorded(tmp_path)
+    same = RegimeFile(REGIME, SHAPE, name="r").save(tmp_path / "same.yaml")
+    one, two = fidelity(trace, str(same), seed=1), fidelity(trace, str(same), seeds=2)
+    s1, s2 = one.pop("routing statistics"), two.pop("routing statistics")
+    assert any(r["tokens_per_s_ratio"] != 0.0 for r in one.values())
+    for system, r in two.items():
+        lo, hi = sorted((0.0, one[system]["tokens_per_s_ratio"]))
+        assert (r["tokens_per_s_ratio_min"], r["tokens_per_s_ratio_max"]) == pytest.approx((lo, hi)), system
+        assert r["tokens_per_s_ratio"] == pytest.approx((lo + hi) / 2), system
+    assert s2["locality_generated"] == pytest.approx((s2["locality"] + s1["locality_generated"]) / 2)
+    assert main([f"trace={trace}", f"regime={same}", "seeds=2"]) == 0
+    assert "range over the seeds" in capsys.readouterr().out
+    with pytest.raises(HarnessError, match="seeds='0' must be a whole number >= 1"):
+        main([f"trace={trace}", f"regime={same}", "seeds=0"])
 
 
 def test_kept_by_load_counts_the_experts_of_a_load_routed_again_the_next_step() -> None:

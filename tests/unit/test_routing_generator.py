@@ -12,7 +12,7 @@ import torch
 
 from harness.common.errors import HarnessError
 from harness.placement.trace import RoutingTrace
-from harness.routing.fit import fit, hint_quality
+from harness.routing.fit import averaged_moments, fit, hint_quality, simulated_moments
 from harness.routing.generate import Dims, _force, generate
 from harness.routing.moments import shape_of, trace_moments
 from harness.routing.params import RegimeFile, RoutingRegime, TraceShape
@@ -59,6 +59,17 @@ def test_fit_recovers_the_knobs_of_a_synthetic_trace(true: RoutingRegime) -> Non
         assert abs(getattr(fitted, knob) - getattr(true, knob)) <= tol, (knob, fitted)
     # no forward of several tokens decoding in an AR trace, no denoising one
     assert record["unfitted"] == ["cohesion", "unmasking", "unmask_redraw", "solo_locality"]
+
+
+def test_averaged_moments_are_the_mean_over_consecutive_seeds() -> None:
+    """fit's average=N: the statistics of N generated traces at seeds seed..seed+N-1, meaned."""
+    regime, shape = RoutingRegime(locality=0.5, affinity=0.4), TraceShape("ar", [8] * 4, [16] * 4, 8)
+    each = [simulated_moments(regime, shape, SMALL, s) for s in (3, 4)]
+    got = averaged_moments(regime, shape, SMALL, range(3, 5))
+    assert got["locality"] == pytest.approx((each[0]["locality"] + each[1]["locality"]) / 2)
+    assert each[0]["locality"] != each[1]["locality"]  # two seeds: two different traces
+    one = averaged_moments(regime, shape, SMALL, range(3, 4))
+    assert all(one[k] == v or (np.isnan(one[k]) and np.isnan(v)) for k, v in each[0].items())
 
 
 def test_generate_of_fit_reproduces_a_proxy_traces_statistics(tmp_path: Path) -> None:

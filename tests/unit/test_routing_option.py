@@ -48,6 +48,7 @@ def test_generated_routing_needs_a_replay_without_a_trace_path() -> None:
     (["generate", "regime=mini_fit", "model=nope", "out=x.npz"], "model='nope' is not allowed"),
     (["generate", "regime=mini_fit", "model=tiny", "out=x.npz", "seed=-1"], "seed='-1' must be a whole number"),
     (["fit", "trace=missing.npz", "out=r.yaml"], "missing.npz"),
+    (["fit", "trace=missing.npz", "out=r.yaml", "average=0"], "average='0' must be a whole number >= 1"),
 ])
 def test_the_command_refuses_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
                                        message: str) -> None:
