@@ -120,15 +120,16 @@ def main(argv: list[str]) -> int:
         raise HarnessError(f"seeds={args['seeds']!r} must be a whole number >= 1 (how many generated traces)")
     rows = fidelity(Path(args["trace"]), args["regime"], int(args["seed"]), seeds)
     stats = rows.pop("routing statistics")
-    over = f" (mean of {seeds} seeds)" if seeds > 1 else ""
-    print(f"| system | tokens/s (trace) | tokens/s (generated{over}) | difference{over} |"
-          + (" range over the seeds |" if seeds > 1 else "") + " miss (trace) | miss (generated) |")
-    print("|---" * (6 + (seeds > 1)) + "|")
+    several = seeds > 1
+    mean = f", mean of {seeds} seeds" if several else ""
+    print(f"| system | tokens/s (trace) | tokens/s (generated{mean}) | difference{mean} |"
+          + (" range over the seeds |" if several else "") + " miss (trace) | miss (generated) |")
+    print("|---" * (6 + several) + "|")
     for system, r in rows.items():
-        spread = f" {r['tokens_per_s_ratio_min']:+.1%}..{r['tokens_per_s_ratio_max']:+.1%} |" if seeds > 1 else ""
+        spread = f" {r['tokens_per_s_ratio_min']:+.1%}..{r['tokens_per_s_ratio_max']:+.1%} |" if several else ""
         print(f"| {system} | {r['tokens_per_s']:.2f} | {r['tokens_per_s_generated']:.2f} | "
               f"{r['tokens_per_s_ratio']:+.1%} |{spread} {r['miss_rate']:.3f} | {r['miss_rate_generated']:.3f} |")
-    print(f"\n| routing statistic | trace | generated{over} |\n|---|---|---|")
+    print(f"\n| routing statistic | trace | generated{mean} |\n|---|---|---|")
     for key in (k for k in stats if not k.endswith("_generated")):
         print(f"| {key} | {stats[key]:.4g} | {stats[key + '_generated']:.4g} |")
     return 0
