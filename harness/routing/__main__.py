@@ -1,10 +1,11 @@
 """`python -m harness.routing <verb> key=value ...`: generated routing (docs/routing-regimes.md).
 
   fit       trace=<trace.npz> out=<regime.yaml> [name=] [seed=0] [recorded_by=<command>]
-            [also=mask_overlap,masked_locality] [average=1]: the knobs whose generated traces
-            match the trace's statistics, with its shape, into a regime file (with a
-            calibration.npz beside the trace, also calibration_shared; `also`: opt-in knobs
-            searched too; `average`: statistics averaged over that many generated traces)
+            [also=mask_overlap,masked_locality] [average=1] [popularity=zipf,lognormal]: the
+            knobs whose generated traces match the trace's statistics, with its shape, into a
+            regime file (with a calibration.npz beside the trace, also calibration_shared;
+            `also`: opt-in knobs searched too; `average`: statistics averaged over that many
+            generated traces; `popularity`: the shapes tried)
   generate  regime=<regime.yaml | conf/routing name> model=<name> [config=<config.json>]
             out=<trace.npz> [seed=0] [calibration=2] [requests=] [prompt=] [gen=]: a trace for
             any model's geometry; `calibration` more requests go to calibration.npz beside it
@@ -37,7 +38,9 @@ FIT = KeyValueCommand(
      Option("also", "knobs to search besides fit's own, comma-separated: mask_overlap, masked_locality "
             "(off by default: on mini they moved the systems further off)"),
      Option("average", "generated traces (seeds seed, seed + 1, ...) whose statistics the fit averages: a "
-            "short trace's chance fluctuations otherwise fit too (costs as many times the time)", "1")],
+            "short trace's chance fluctuations otherwise fit too (costs as many times the time)", "1"),
+     Option("popularity", "the popularity shapes tried, comma-separated: zipf, lognormal (the one whose head "
+            "share comes closer is kept)", "zipf,lognormal")],
     example="python -m harness.routing fit trace=outputs/runs/<run>/trace.npz out=conf/routing/mine.yaml")
 GENERATE = KeyValueCommand(
     "python -m harness.routing generate", "generate a routing trace from a regime file for any model",
@@ -82,8 +85,9 @@ def main(argv: list[str]) -> int:
         beside = Path(args["trace"]).parent / "calibration.npz"
         calibration = RoutingTrace.load(beside) if beside.is_file() else None
         also = tuple(k for k in (args.get("also") or "").split(",") if k)
+        shapes = tuple(k for k in args["popularity"].split(",") if k)
         regime = fit_file(trace, args.get("name") or out.stem, args["trace"], seed, calibration, also,
-                          average)
+                          average, shapes)
         if args.get("recorded_by"):
             regime.fitted_from = {"trace": regime.fitted_from["trace"], "recorded_by": args["recorded_by"],
                                   **{k: v for k, v in regime.fitted_from.items() if k != "trace"}}

@@ -141,6 +141,8 @@ def fit(trace: RoutingTrace, seed: int = 0, start: RoutingRegime | None = None,
     trace's is kept (among those whose misfit is not 4x the best). `also`: knobs of OPT_IN
     searched too. `average`: the statistics of that many generated traces (seeds seed, seed + 1,
     ...) averaged at each step (1: one trace, as before the option existed)."""
+    if not popularity or any(p not in POPULARITY_SHAPES for p in popularity):
+        raise HarnessError(f"popularity={','.join(popularity)!r}: give some of {', '.join(POPULARITY_SHAPES)}")
     unknown = [k for k in also if k not in OPT_IN]
     if unknown:
         raise HarnessError(f"also={unknown[0]!r} is no knob fit can search besides its own; use some of "
@@ -298,10 +300,11 @@ def _num(v: float) -> float | None:
 
 
 def fit_file(trace: RoutingTrace, name: str, source: str, seed: int = 0,
-             calibration: RoutingTrace | None = None, also: tuple[str, ...] = (), average: int = 1) -> RegimeFile:
+             calibration: RoutingTrace | None = None, also: tuple[str, ...] = (), average: int = 1,
+             popularity: tuple[str, ...] = POPULARITY_SHAPES) -> RegimeFile:
     """A regime file: the fitted knobs, the trace's shape and where the fit came from; with the
     calibration recorded beside the trace, also `calibration_shared` (harness/routing/calibration_fit.py)."""
-    regime, record = fit(trace, seed, also=also, average=average)
+    regime, record = fit(trace, seed, also=also, average=average, popularity=popularity)
     if calibration is not None:
         target = trace_calibration_overlap(trace, calibration)
         regime, record["statistics"]["calibration_shared"] = fit_calibration(

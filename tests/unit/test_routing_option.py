@@ -19,6 +19,7 @@ from harness.results.records import record_from_result
 from harness.routing.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
+GOLDEN_MINI = REPO / "tests" / "golden" / "mini" / "trace.npz"
 REPLAY = ["model=tiny", "source=trace", "routing=mini_fit", "limit_prompts=2", "decode.gen_length=16",
           "decode.block_length=8", "decode.steps=8", "budget=custom", "budget.experts_per_layer=16",
           "tracking.enabled=false", "show_text=false"]
@@ -49,6 +50,8 @@ def test_generated_routing_needs_a_replay_without_a_trace_path() -> None:
     (["generate", "regime=mini_fit", "model=tiny", "out=x.npz", "seed=-1"], "seed='-1' must be a whole number"),
     (["fit", "trace=missing.npz", "out=r.yaml"], "missing.npz"),
     (["fit", "trace=missing.npz", "out=r.yaml", "average=0"], "average='0' must be a whole number >= 1"),
+    (["fit", f"trace={GOLDEN_MINI}", "out=r.yaml", "popularity=pareto"],
+     "popularity='pareto': give some of zipf, lognormal"),
 ])
 def test_the_command_refuses_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
                                        message: str) -> None:
