@@ -22,7 +22,7 @@ from harness.common.files import write_atomic
 from harness.common.keyvalue import KeyValueCommand, Option, program_name
 from harness.common.workers import in_workers, worker_count
 from harness.regimes.grid import FAMILIES, LOCALITY, SHARED, SKEW, Cell, family_cells
-from harness.regimes.maps import claims, flips, grid_cells, margin, plot_family, winner
+from harness.regimes.maps import claims, flips, grid_cells, lead, margin, plot_family, winner
 from harness.tracking.mlflow_store import default_artifact_root, ensure_experiment, open_store
 from harness.tracking.settings import DEFAULT_URI
 
@@ -48,11 +48,12 @@ def markdown(family: str, cells: list[Cell]) -> str:
         m = f"{margin(anchor, system):+.1%}" if "/" not in system else "-"
         lines.append(f"| {system} | {f['tokens_per_s']:.2f} | {f['miss_rate']:.3f} | {m} |")
     for sh in SHARED:
-        lines += ["", f"Winner, shared={sh} (rows skew, columns locality):", "",
+        lines += ["", f"Winner, shared={sh} (rows skew, columns locality; its lead over the runner-up):", "",
                   "| skew \\ locality | " + " | ".join(str(v) for v in LOCALITY) + " |",
                   "|---" * (len(LOCALITY) + 1) + "|"]
         for sk in SKEW:
-            lines.append(f"| {sk} | " + " | ".join(winner(grid[(sh, sk, lo)]) for lo in LOCALITY) + " |")
+            lines.append(f"| {sk} | " + " | ".join(f"{winner(c)} ({lead(c):+.1%})" for c in
+                                                   (grid[(sh, sk, lo)] for lo in LOCALITY)) + " |")
     found = flips(cells)
     lines += ["", f"Winner flips between neighbouring points ({len(found)}):", ""]
     lines += [f"- {f}" for f in found] or ["- none"]

@@ -26,6 +26,13 @@ def winner(cell: Cell) -> str:
     return max(CONTENDERS, key=lambda s: cell.figures[s]["tokens_per_s"])
 
 
+def lead(cell: Cell) -> float:
+    """The winner's tokens/s over the runner-up's, minus 1: under about 2% a generator seed can
+    hand the point to the runner-up (mixtral's dali/static_split points, docs/routing-regimes.md)."""
+    first, second = sorted((cell.figures[s]["tokens_per_s"] for s in CONTENDERS), reverse=True)[:2]
+    return first / second - 1 if second > 0 else float("inf")
+
+
 def margin(cell: Cell, system: str) -> float:
     best = max(cell.figures[b]["tokens_per_s"] for b in BASELINES)
     return cell.figures[system]["tokens_per_s"] / best - 1 if best > 0 else 0.0

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from harness.regimes.grid import LOCALITY, MULTI, SHARED, SINGLE, SKEW, Cell, points
-from harness.regimes.maps import claims, flips, margin, winner
+from harness.regimes.maps import claims, flips, lead, margin, winner
 from harness.routing.params import RoutingRegime
 
 
@@ -24,6 +24,7 @@ def test_the_winner_excludes_the_oracle_and_margins_are_over_the_best_baseline()
     c = cell({}, {"oracle": 50.0, "tide": 6.0, "fiddler": 4.0, "static_split": 5.0})
     assert winner(c) == "tide"
     assert margin(c, "tide") == pytest.approx(0.2) and margin(c, "fiddler") == pytest.approx(-0.2)
+    assert lead(c) == pytest.approx(6.0 / 5.0 - 1)  # over static_split, the runner-up; never the oracle
 
 
 def test_flips_name_the_neighbouring_points_whose_winner_differs() -> None:
