@@ -36,7 +36,7 @@ FIT = KeyValueCommand(
      Option("recorded_by", "the command that recorded the trace (kept in the regime file: say it when the "
             "trace is a temporary file)"),
      Option("also", "knobs to search besides fit's own, comma-separated: mask_overlap, masked_locality "
-            "(off by default: on mini they moved the systems further off)"),
+            "(off by default; mini's anchor fits mask_overlap)"),
      Option("average", "generated traces (seeds seed, seed + 1, ...) whose statistics the fit averages: a "
             "short trace's chance fluctuations otherwise fit too (costs as many times the time)", "1"),
      Option("popularity", "the popularity shapes tried, comma-separated: zipf, lognormal (the one whose head "

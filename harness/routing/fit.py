@@ -8,8 +8,9 @@ concentrates a request's popularity, affinity also repeats experts over time).
 `period` off its overlap at lags 1..4, and `hint_sharpness` last, against the fitted knobs:
 the power that gives the generated hints the entropy of the trace's (the channel DALI reads).
 `mask_overlap` and `masked_locality` are searched only when asked (`also`, OPT_IN): their
-statistics are always read and recorded (target and reached), but fitted with the others they
-moved mini's systems further from the trace, not closer (docs/routing-regimes.md).
+statistics are always read and recorded (target and reached); the mini anchor is fitted with
+`also=mask_overlap` (every system within 5%), both together moved mini's systems further off
+(docs/routing-regimes.md).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ SEARCH = {"skew": (False, (0.0, 3.0)), "shared": (True, (0.0, 1.0)), "locality":
           "cohesion": (False, (0.0, 0.95)), "unmasking": (True, (0.0, 1.0)), "prefill_skew": (False, (0.0, 3.0)),
           "prefill_overlap": (True, (0.0, 1.0)), "unmask_redraw": (False, (0.0, 1.0)),
           "solo_locality": (True, (0.0, 0.95))}
-# searched only when `fit` is asked to (also=): fitted, they moved mini's systems further off
+# searched only when `fit` is asked to (also=): mini's anchor fits mask_overlap; both together moved its systems off
 OPT_IN = {"mask_overlap": (True, (0.0, 1.0)), "masked_locality": (True, (0.0, 0.95))}
 ITERATIONS, STEP, TOLERANCE = 12, 0.05, 0.002
 POPULARITY_SHAPES = ("zipf", "lognormal")  # the popularity shapes `fit` tries (params.py `lognormal`)

@@ -279,9 +279,11 @@ class Simulated:
 
     def add(self, info: StepInfo, tokens: int, context: int, ids: np.ndarray, logp: np.ndarray,
             dims: Dims) -> None:
+        """logp: [L, E], every token's popularity, or [n, L, E], each token's own."""
         self.steps.append((info, tokens, context))
         self.loads.append(counts(ids, dims.n_experts))
-        self.expected.append(np.exp(logp) * (len(ids) * dims.top_k))
+        self.expected.append(np.exp(logp).sum(0) * dims.top_k if logp.ndim == 3
+                             else np.exp(logp) * (len(ids) * dims.top_k))
 
 
 def simulate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0, calibration: int = 0) -> Simulated:
@@ -348,15 +350,26 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
         history: list[np.ndarray] = []
         schedule = router.unmask_schedule(lb, steps)
         for s in range(steps):
-            ids = router.route(router.decode_logp[r], lb, history, s, _states(schedule, s), True, masked)
+            states = _states(schedule, s)
+            ids = router.route(router.decode_logp[r], lb, history, s, states, True, masked)
             history = [ids, *history[:router.memory - 1]]
             sim.add(StepInfo(r, block, s, len(sim.steps), i == 0, "denoise"), lb, encoded + lb, ids,
-                    router.decode_logp[r], dims)
+                    _routed_from(router.decode_logp[r], masked, states), dims)
         if i + 1 < n_blocks:  # the finished block's commit: its tokens one step on
-            ids = router.route(router.decode_logp[r], lb, history, steps, _states(schedule, steps), True, masked)
+            states = _states(schedule, steps)
+            ids = router.route(router.decode_logp[r], lb, history, steps, states, True, masked)
             sim.add(StepInfo(r, block, steps, len(sim.steps), i == 0, "commit"), lb, encoded + lb, ids,
-                    router.decode_logp[r], dims)
+                    _routed_from(router.decode_logp[r], masked, states), dims)
             encoded += lb
+
+
+def _routed_from(decode: np.ndarray, masked: np.ndarray | None, states: Unmasked | None) -> np.ndarray:
+    """The popularity the forward's tokens drew from, for its hints' expected loads: the
+    decoding one, or per token the masked state's for a still-masked token (`mask_overlap`: the
+    hints predict what the window routes, as a model's gates do, not what it will route unmasked)."""
+    if masked is None or states is None:
+        return decode
+    return np.where(states.masked[:, None, None], masked[None], decode[None])
 
 
 def _states(schedule: tuple[np.ndarray, np.ndarray] | None, step: int) -> Unmasked | None:

@@ -107,8 +107,7 @@ class RoutingRegime:
                   of a block's first and last steps share 0.07 of their union, what two requests
                   share) and the set TIDE refreshes at a block's start covers less and less of
                   it (docs/routing-regimes.md). Unset: 1, the decoding rankings, as before.
-                  `fit` searches it only when asked (also=; with it mini's fitted systems came out
-                  further off).
+                  `fit` searches it only when asked (also=; mini's anchor is fitted with it).
     masked_locality  `locality` of a slot of a token still masked (0..0.99; needs
                   `unmask_redraw`): how much a masked token's experts turn over from one step to
                   the next while the tokens around it are unmasked (LLaDA2: as much as an

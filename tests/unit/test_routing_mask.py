@@ -117,3 +117,18 @@ def test_fit_searches_them_when_asked_and_matches_their_statistics() -> None:
         fit(trace, also=("cohesion",))
     with pytest.raises(HarnessError, match="also='cohesion' is no knob fit can search besides its own"):
         fit(trace, also=("cohesion",))
+
+
+def test_the_hints_expect_what_the_masked_tokens_route() -> None:
+    """With hint_quality 0 a hint is the next layer's expected load; at a block's first denoising
+    step every token is masked, so with mask_overlap the expectation is the masked state's, and
+    at its commit (every token unmasked) the decoding one's, as a model's gates predict the window."""
+    regime = _with(mask_overlap=0.0, hint_quality=0.0)
+    trace = generate(regime, BLOCKS, SMALL, seed=4)
+    router = Router(regime, SMALL, BLOCKS.requests, seed=4)
+    first = next(i for i, s in enumerate(trace.steps) if s.kind == "denoise" and s.prompt == 0)
+    commit = next(i for i, s in enumerate(trace.steps) if s.kind == "commit" and s.prompt == 0)
+    tokens = BLOCKS.block * SMALL.top_k
+    for step, logp in ((first, router.masked_logp[0]), (commit, router.decode_logp[0])):
+        hint = trace.step_hints(step).numpy()  # [L, E]: layer l's hint of layer l + 1
+        np.testing.assert_allclose(hint[:-1], np.exp(logp[1:]) * tokens, rtol=1e-5)
