@@ -27,6 +27,15 @@ class Option:
     required: bool = False
 
 
+def whole_number(args: dict[str, str], key: str, low: int = 0, why: str = "") -> int:
+    """args[key] as an int >= low, else one HarnessError line (ASCII digits only: str.isdigit
+    accepts '²', which int() refuses)."""
+    text = args[key]
+    if not (text.isascii() and text.isdigit()) or int(text) < low:
+        raise HarnessError(f"{key}={text!r} must be a whole number >= {low}{f' ({why})' if why else ''}")
+    return int(text)
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """'; did you mean X?' for the closest choice, '' when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.common.errors import HarnessError, exit_with
 from harness.common.files import write_atomic
-from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.common.keyvalue import KeyValueCommand, Option, program_name, whole_number
 from harness.common.workers import in_workers, worker_count
 from harness.regimes.grid import FAMILIES, LOCALITY, SHARED, SKEW, Cell, family_cells
 from harness.regimes.maps import claims, flips, grid_cells, lead, margin, plot_family, winner
@@ -90,9 +90,9 @@ def main(argv: list[str]) -> int:
         raise HarnessError(f"families={args['families']!r}: use some of {', '.join(FAMILIES)}")
     if args["tracking"] not in ("true", "false"):
         raise HarnessError(f"tracking={args['tracking']!r} must be true or false")
-    if not args["jobs"].isdigit():
-        raise HarnessError(f"jobs={args['jobs']!r} must be a whole number >= 0 (0: one worker process per core)")
-    paths = build(families, Path(args["out"]), int(args["seed"]), int(args["jobs"]))
+    seed = whole_number(args, "seed")
+    jobs = whole_number(args, "jobs", 0, "0: one worker process per core")
+    paths = build(families, Path(args["out"]), seed, jobs)
     if args["tracking"] == "true":
         print(f"mlflow run {log_mlflow(paths, {'families': float(len(families))})} (experiment routing-regimes)")
     return 0

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.common.errors import HarnessError, exit_with
-from harness.common.keyvalue import KeyValueCommand, Option, program_name
+from harness.common.errors import exit_with
+from harness.common.keyvalue import KeyValueCommand, Option, program_name, whole_number
 from harness.placement.trace import RoutingTrace
 from harness.regimes.grid import SINGLE, configs, replay
 from harness.routing.generate import Dims
@@ -115,10 +115,9 @@ def trace_statistics(trace: RoutingTrace, period: int) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     COMMAND.prog = program_name(COMMAND.prog)
     args = COMMAND.parse(argv)
-    seeds = int(args["seeds"]) if args["seeds"].isdigit() else 0
-    if seeds < 1:
-        raise HarnessError(f"seeds={args['seeds']!r} must be a whole number >= 1 (how many generated traces)")
-    rows = fidelity(Path(args["trace"]), args["regime"], int(args["seed"]), seeds)
+    seed = whole_number(args, "seed")
+    seeds = whole_number(args, "seeds", 1, "how many generated traces")
+    rows = fidelity(Path(args["trace"]), args["regime"], seed, seeds)
     stats = rows.pop("routing statistics")
     several = seeds > 1
     mean = f", mean of {seeds} seeds" if several else ""

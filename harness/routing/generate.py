@@ -279,11 +279,9 @@ class Simulated:
 
     def add(self, info: StepInfo, tokens: int, context: int, ids: np.ndarray, logp: np.ndarray,
             dims: Dims) -> None:
-        """logp: [L, E], every token's popularity, or [n, L, E], each token's own."""
         self.steps.append((info, tokens, context))
         self.loads.append(counts(ids, dims.n_experts))
-        self.expected.append(np.exp(logp).sum(0) * dims.top_k if logp.ndim == 3
-                             else np.exp(logp) * (len(ids) * dims.top_k))
+        self.expected.append(np.exp(logp) * (len(ids) * dims.top_k))
 
 
 def simulate(regime: RoutingRegime, shape: TraceShape, dims: Dims, seed: int = 0, calibration: int = 0) -> Simulated:
@@ -364,12 +362,14 @@ def _diffusion(router: Router, shape: TraceShape, r: int, sim: Simulated) -> Non
 
 
 def _routed_from(decode: np.ndarray, masked: np.ndarray | None, states: Unmasked | None) -> np.ndarray:
-    """The popularity the forward's tokens drew from, for its hints' expected loads: the
-    decoding one, or per token the masked state's for a still-masked token (`mask_overlap`: the
-    hints predict what the window routes, as a model's gates do, not what it will route unmasked)."""
+    """[L, E]: the popularity the forward's tokens drew from, for its hints' expected loads: the
+    decoding one, or with `mask_overlap` the mix of the masked state's (its still-masked tokens'
+    share) and the decoding one (the hints predict what the window routes, as a model's gates
+    do, not what it will route unmasked)."""
     if masked is None or states is None:
         return decode
-    return np.where(states.masked[:, None, None], masked[None], decode[None])
+    share = float(states.masked.mean())
+    return np.log(share * np.exp(masked) + (1 - share) * np.exp(decode)).astype(np.float32)
 
 
 def _states(schedule: tuple[np.ndarray, np.ndarray] | None, step: int) -> Unmasked | None:

@@ -70,6 +70,8 @@ def test_more_seeds_report_the_mean_and_range_of_the_differences(tmp_path: Path,
     assert "range over the seeds" in capsys.readouterr().out
     with pytest.raises(HarnessError, match="seeds='0' must be a whole number >= 1"):
         main([f"trace={trace}", f"regime={same}", "seeds=0"])
+    with pytest.raises(HarnessError, match="seed='²' must be a whole number >= 0"):
+        main([f"trace={trace}", f"regime={same}", "seed=²"])
 
 
 def test_kept_by_load_counts_the_experts_of_a_load_routed_again_the_next_step() -> None:
